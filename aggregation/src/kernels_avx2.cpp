@@ -1,0 +1,214 @@
+// AVX2 + F16C path: 8 lanes per vector, scalar reference for the tail.
+//
+// Every function carries TD_AVX2 (a target attribute) instead of the file being compiled with
+// -mavx2, so inline functions shared with other translation units are never compiled for AVX2
+// behind the linker's back, and clang and GCC both build this file.
+#include <immintrin.h>
+
+#include "scalar_ops.h"
+#include "table.h"
+
+#define TD_AVX2 __attribute__((target("avx2,f16c"))) inline
+
+namespace treeduce::agg::detail {
+namespace {
+
+constexpr std::size_t kW = 8;  // lanes per vector
+
+// ---- widening loads: 8 elements at index i into binary32 (or int32) lanes -----------------------
+
+template <DType D>
+struct V {
+  using type = __m256;
+};
+template <>
+struct V<DType::i32> {
+  using type = __m256i;
+};
+template <DType D>
+using Vec = typename V<D>::type;
+
+TD_AVX2 __m256 e4m3_to_ps(__m128i bytes8) {
+  // E4M3 -> binary16 is a shift (exponent bias 7 vs 15 handled by scaling with 2^8 afterwards,
+  // which is exact and turns E4M3 subnormals into correct binary32 values). Only S.1111.111 (NaN)
+  // needs a fix: it lands on +-480, a value no E4M3 encoding has.
+  const __m128i w = _mm_cvtepu8_epi16(bytes8);
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7),
+                                 _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+  const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+  const __m256 abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), f);
+  const __m256 nan = _mm256_cmp_ps(abs, _mm256_set1_ps(480.0f), _CMP_EQ_OQ);
+  // +-480 is 0x43F00000; OR 0x7FF00000 gives the widened NaN S.0x7FF00000 of convert.h.
+  return _mm256_or_ps(f, _mm256_and_ps(nan, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FF00000))));
+}
+
+template <DType D>
+TD_AVX2 Vec<D> load_widen(const void* p, std::size_t i) {
+  const auto* b = static_cast<const unsigned char*>(p) + i * dtype_size(D);
+  if constexpr (D == DType::f32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(b));
+  } else if constexpr (D == DType::i32) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+  } else if constexpr (D == DType::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  } else if constexpr (D == DType::bf16) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  } else if constexpr (D == DType::e5m2) {
+    // E5M2 is the top byte of a binary16.
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+    return _mm256_cvtph_ps(_mm_slli_epi16(w, 8));
+  } else {
+    return e4m3_to_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+  }
+}
+
+// ---- narrowing stores
+// ----------------------------------------------------------------------------
+
+TD_AVX2 __m256i nan_mask_epi32(__m256 v) {
+  return _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+// 8 int32 lanes, each < 2^16, to 8 uint16 in order.
+TD_AVX2 __m128i pack_u32_to_u16(__m256i v) {
+  return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+// FP8 narrowing on the binary32 bits: integer round-to-nearest-even of the significand for normal
+// results, a float multiply + cvtps (round-to-nearest-even in the default MXCSR) for subnormal
+// ones, a clamp for overflow (to infinity for E5M2, to 448 for E4M3), canonical NaN.
+template <int kMan, int kBias, int kMaxBits, int kNanBits>
+TD_AVX2 __m256i narrow_fp8_epi32(__m256 v) {
+  constexpr int kShift = 23 - kMan;
+  const __m256i x = _mm256_castps_si256(v);
+  const __m256i a = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, kShift), _mm256_set1_epi32(1));
+  __m256i n = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((1 << (kShift - 1)) - 1)), lsb),
+      kShift);
+  n = _mm256_sub_epi32(n, _mm256_set1_epi32((127 - kBias) << kMan));
+  n = _mm256_min_epi32(n, _mm256_set1_epi32(kMaxBits));
+  // Below the smallest normal 2^(1-bias): multiples of 2^(1-bias-man).
+  const __m256i min_normal = _mm256_set1_epi32((127 + 1 - kBias) << 23);
+  const __m256i is_sub = _mm256_cmpgt_epi32(min_normal, a);
+  const float scale = static_cast<float>(1u << (kBias - 1 + kMan));
+  const __m256i s =
+      _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(scale)));
+  n = _mm256_blendv_epi8(n, s, is_sub);
+  n = _mm256_or_si256(n, _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80)));
+  return _mm256_blendv_epi8(n, _mm256_set1_epi32(kNanBits), nan_mask_epi32(v));
+}
+
+template <DType D>
+TD_AVX2 void store_narrow(void* p, std::size_t i, Vec<D> v) {
+  auto* b = static_cast<unsigned char*>(p) + i * dtype_size(D);
+  if constexpr (D == DType::i32) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b), v);
+  } else if constexpr (D == DType::f32) {
+    const __m256 c = _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(kCanonicalNanF32)),
+                                      _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    _mm256_storeu_ps(reinterpret_cast<float*>(b), c);
+  } else if constexpr (D == DType::f16) {
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i nan = _mm_packs_epi32(_mm256_castsi256_si128(nan_mask_epi32(v)),
+                                        _mm256_extracti128_si256(nan_mask_epi32(v), 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b),
+                     _mm_blendv_epi8(h, _mm_set1_epi16(static_cast<short>(kCanonicalNanF16)), nan));
+  } else if constexpr (D == DType::bf16) {
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(kCanonicalNanBF16), nan_mask_epi32(v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b), pack_u32_to_u16(r));
+  } else {
+    const __m256i n = D == DType::e4m3 ? narrow_fp8_epi32<3, 7, 0x7E, kCanonicalNanE4M3>(v)
+                                       : narrow_fp8_epi32<2, 15, 0x7C, kCanonicalNanE5M2>(v);
+    const __m128i w = pack_u32_to_u16(n);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(b), _mm_packus_epi16(w, w));
+  }
+}
+
+// ---- element-wise operations
+// ---------------------------------------------------------------------
+
+template <ReduceOp O>
+TD_AVX2 __m256 combine(__m256 a, __m256 b) {
+  if constexpr (O == ReduceOp::sum) {
+    return _mm256_add_ps(a, b);
+  } else {
+    // minps/maxps return the second operand on NaN and on +-0 ties; fix both (see scalar_ops.h).
+    __m256 m = O == ReduceOp::min ? _mm256_min_ps(a, b) : _mm256_max_ps(a, b);
+    const __m256 tie = O == ReduceOp::min ? _mm256_or_ps(a, b) : _mm256_and_ps(a, b);
+    m = _mm256_blendv_ps(m, tie, _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
+    return _mm256_blendv_ps(m, _mm256_castsi256_ps(_mm256_set1_epi32(kCanonicalNanF32)),
+                            _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+  }
+}
+
+template <ReduceOp O>
+TD_AVX2 __m256i combine(__m256i a, __m256i b) {
+  if constexpr (O == ReduceOp::sum) {
+    return _mm256_add_epi32(a, b);
+  } else if constexpr (O == ReduceOp::min) {
+    return _mm256_min_epi32(a, b);
+  } else {
+    return _mm256_max_epi32(a, b);
+  }
+}
+
+template <DType D>
+TD_AVX2 Vec<D> load_acc(const void* acc, std::size_t i) {
+  return load_widen < D == DType::i32 ? DType::i32 : DType::f32 > (acc, i);
+}
+template <DType D>
+TD_AVX2 void store_acc(void* acc, std::size_t i, Vec<D> v) {
+  if constexpr (D == DType::i32) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::int32_t*>(acc) + i), v);
+  } else {
+    _mm256_storeu_ps(static_cast<float*>(acc) + i, v);
+  }
+}
+
+struct Avx2Impl {
+  template <DType D>
+  TD_AVX2 static void load(void* acc, const void* payload, std::size_t n) {
+    std::size_t i = 0;
+    for (; i + kW <= n; i += kW) store_acc<D>(acc, i, load_widen<D>(payload, i));
+    scalar::load<D>(acc, payload, i, n);
+  }
+  template <DType D, ReduceOp O>
+  TD_AVX2 static void accumulate(void* acc, const void* payload, std::size_t n) {
+    std::size_t i = 0;
+    for (; i + kW <= n; i += kW) {
+      store_acc<D>(acc, i, combine<O>(load_acc<D>(acc, i), load_widen<D>(payload, i)));
+    }
+    scalar::accumulate<D, O>(acc, payload, i, n);
+  }
+  template <DType D, ReduceOp O>
+  TD_AVX2 static void reduce(void* acc, const void* const* payloads, std::size_t k, std::size_t n) {
+    if (k == 0) return;
+    std::size_t i = 0;
+    for (; i + kW <= n; i += kW) {
+      Vec<D> v = load_widen<D>(payloads[0], i);
+      for (std::size_t j = 1; j < k; ++j) v = combine<O>(v, load_widen<D>(payloads[j], i));
+      store_acc<D>(acc, i, v);
+    }
+    scalar::reduce<D, O>(acc, payloads, k, i, n);
+  }
+  template <DType D>
+  TD_AVX2 static void emit(void* payload, const void* acc, std::size_t n) {
+    std::size_t i = 0;
+    for (; i + kW <= n; i += kW) store_narrow<D>(payload, i, load_acc<D>(acc, i));
+    scalar::emit<D>(payload, acc, i, n);
+  }
+};
+
+constexpr KernelTable kTable = make_table<Avx2Impl>(Isa::avx2);
+
+}  // namespace
+
+const KernelTable& avx2_table() noexcept { return kTable; }
+
+}  // namespace treeduce::agg::detail

@@ -1,0 +1,52 @@
+// Every one of the 2^32 binary32 bit patterns narrowed to every wire type by every SIMD path, all
+// paths compared with each other, and every 61st pattern also with the scalar reference (which is
+// itself checked against brute force in test_convert.cpp). Suite "slow".
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "treeduce/aggregation/kernels.h"
+
+namespace treeduce::agg {
+namespace {
+
+TEST(Exhaustive, EveryBinary32PatternNarrowsIdenticallyOnEveryPath) {
+  constexpr std::size_t kChunk = 1u << 20;
+  constexpr std::size_t kStride = 61;
+  const std::vector<Isa> isas = supported_isas();
+  if (isas.size() < 2)
+    GTEST_SKIP() << "this CPU runs only the scalar path: no SIMD path to compare";
+  std::vector<std::uint32_t> acc(kChunk), sampled(kChunk / kStride + 1);
+  std::vector<std::vector<unsigned char>> out(isas.size(), std::vector<unsigned char>(kChunk * 2));
+  std::vector<unsigned char> ref(kChunk * 2);
+  for (DType d : {DType::f32, DType::f16, DType::bf16, DType::e4m3, DType::e5m2}) {
+    const std::size_t es = dtype_size(d);
+    for (std::uint64_t base = 0; base < (1ull << 32); base += kChunk) {
+      std::iota(acc.begin(), acc.end(), static_cast<std::uint32_t>(base));
+      for (std::size_t p = 0; p < isas.size(); ++p) {
+        if (isas[p] == Isa::scalar) continue;
+        kernels_for(isas[p])->emit_fn(d)(out[p].data(), acc.data(), kChunk);
+      }
+      for (std::size_t p = 1; p < isas.size(); ++p) {
+        if (isas[p] == Isa::scalar || isas[p - 1] == Isa::scalar) continue;
+        ASSERT_EQ(std::memcmp(out[p].data(), out[p - 1].data(), kChunk * es), 0)
+            << name(d) << " " << name(isas[p]) << " vs " << name(isas[p - 1]) << " near 0x"
+            << std::hex << base;
+      }
+      const std::size_t simd = isas.size() - 1;
+      std::size_t m = 0;
+      for (std::size_t i = 0; i < kChunk; i += kStride) sampled[m++] = acc[i];
+      kernels_for(Isa::scalar)->emit_fn(d)(ref.data(), sampled.data(), m);
+      for (std::size_t j = 0; j < m; ++j) {
+        ASSERT_EQ(std::memcmp(&ref[j * es], &out[simd][j * kStride * es], es), 0)
+            << name(d) << " scalar vs " << name(isas[simd]) << " at 0x" << std::hex
+            << acc[j * kStride];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace treeduce::agg
