@@ -111,9 +111,13 @@ std::vector<Isa> supported_isas() {
   return out;
 }
 
+// The avx512_bf16 path is not chosen automatically: with the fix-ups that keep it bit-identical to
+// the reference (vcvtneps2bf16 flushes subnormal inputs), its bf16 emit measured 0.85x the integer
+// rounding of the avx512 path (AMD EPYC, AVX512-BF16; interleaved A/B, docs/performance.md).
+// TREEDUCE_KERNEL_ISA=avx512_bf16 or force_isa() still select it.
 Isa best_isa() noexcept {
-  for (std::size_t i = kNumIsas; i-- > 0;) {
-    if (isa_supported(static_cast<Isa>(i))) return static_cast<Isa>(i);
+  for (Isa isa : {Isa::avx512, Isa::avx2}) {
+    if (isa_supported(isa)) return isa;
   }
   return Isa::scalar;
 }

@@ -29,12 +29,15 @@ using Vec = typename V<D>::type;
 
 TD_AVX512 __m512 e4m3_to_ps(__m128i bytes) {
   // See kernels_avx2.cpp: shift into binary16, scale by 2^8, patch NaN (which lands on +-480).
+  // Measured: building the binary32 bits directly and scaling by 2^120 is 1.8x slower, because
+  // E4M3 subnormals then become binary32 subnormal operands of the multiply.
   const __m256i w = _mm256_cvtepu8_epi16(bytes);
-  const __m256i h =
-      _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7),
-                      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+  const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7F));
+  const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
+  // (mag << 7) with the sign bit of (w << 8): ternary logic 0xD8 is "C ? B : A".
+  const __m256i h = _mm256_ternarylogic_epi32(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(w, 8),
+                                              _mm256_set1_epi16(static_cast<short>(0x8000)), 0xD8);
   const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-  const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_abs_ps(f), _mm512_set1_ps(480.0f), _CMP_EQ_OQ);
   return _mm512_castsi512_ps(_mm512_mask_or_epi32(
       _mm512_castps_si512(f), nan, _mm512_castps_si512(f), _mm512_set1_epi32(0x7FF00000)));
 }
@@ -89,18 +92,18 @@ TD_AVX512 __m256i narrow_bf16_int(__m512 v) {
 }
 
 TD_AVX512 __m256i narrow_bf16(__m512 v) {
+  const __m512i abs = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF));
 #if TD_USE_BF16_INSN
-  // vcvtneps2bf16 rounds to nearest even but treats subnormal inputs as zero; those lanes (rare in
-  // gradients, common in tests) take the integer path.
+  // vcvtneps2bf16 rounds to nearest even but treats subnormal inputs as zero; those lanes
+  // (1 <= |bits| <= 0x7FFFFF: rare in gradients, common in tests) take the integer path.
   __m256i r = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
-  const __mmask16 sub =
-      _mm512_cmp_ps_mask(_mm512_abs_ps(v), _mm512_set1_ps(0x1p-126f), _CMP_LT_OQ) &
-      _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+  const __mmask16 sub = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(abs, _mm512_set1_epi32(1)),
+                                                _mm512_set1_epi32(0x7FFFFF));
   if (sub != 0) r = _mm256_mask_mov_epi16(r, sub, narrow_bf16_int(v));
 #else
   __m256i r = narrow_bf16_int(v);
 #endif
-  return _mm256_mask_mov_epi16(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+  return _mm256_mask_mov_epi16(r, _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F800000)),
                                _mm256_set1_epi16(static_cast<short>(kCanonicalNanBF16)));
 }
 
@@ -133,11 +136,12 @@ TD_AVX512 __m512 combine(__m512 a, __m512 b) {
   if constexpr (O == ReduceOp::sum) {
     return _mm512_add_ps(a, b);
   } else {
-    // See scalar_ops.h: -0 < +0, any NaN gives the canonical NaN.
-    __m512 m = O == ReduceOp::min ? _mm512_min_ps(a, b) : _mm512_max_ps(a, b);
-    const __m512i ai = _mm512_castps_si512(a), bi = _mm512_castps_si512(b);
-    const __m512i tie = O == ReduceOp::min ? _mm512_or_si512(ai, bi) : _mm512_and_si512(ai, bi);
-    m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), _mm512_castsi512_ps(tie));
+    // See scalar_ops.h: -0 < +0, any NaN gives the canonical NaN. (vrangeps does not order the
+    // zeros that way, so it saves nothing: the tie fix-up is needed either way.)
+    // Ties (equal values, +-0 included) take a|b for min and a&b for max, in one masked op.
+    const __mmask16 eq = _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ);
+    const __m512 m = O == ReduceOp::min ? _mm512_mask_or_ps(_mm512_min_ps(a, b), eq, a, b)
+                                        : _mm512_mask_and_ps(_mm512_max_ps(a, b), eq, a, b);
     return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q),
                               _mm512_castsi512_ps(_mm512_set1_epi32(kCanonicalNanF32)));
   }
@@ -183,6 +187,14 @@ struct Avx512Impl {
   template <DType D, ReduceOp O>
   TD_AVX512 static void accumulate(void* acc, const void* payload, std::size_t n) {
     std::size_t i = 0;
+    // Two vectors per iteration halve the loop overhead; measured +10% on bf16 sum with the
+    // accumulator in L2 (bench accumulate/bf16/sum/L2, vs_baseline 0.85-0.90 -> 0.97-1.00).
+    for (; i + 2 * kW <= n; i += 2 * kW) {
+      const Vec<D> x0 = load_widen<D>(payload, i, 0xFFFF);
+      const Vec<D> x1 = load_widen<D>(payload, i + kW, 0xFFFF);
+      store_acc<D>(acc, i, combine<O>(load_acc<D>(acc, i, 0xFFFF), x0), 0xFFFF);
+      store_acc<D>(acc, i + kW, combine<O>(load_acc<D>(acc, i + kW, 0xFFFF), x1), 0xFFFF);
+    }
     for (; i + kW <= n; i += kW) {
       store_acc<D>(acc, i,
                    combine<O>(load_acc<D>(acc, i, 0xFFFF), load_widen<D>(payload, i, 0xFFFF)),

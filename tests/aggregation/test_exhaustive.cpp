@@ -19,8 +19,8 @@ TEST(Exhaustive, EveryBinary32PatternNarrowsIdenticallyOnEveryPath) {
   if (isas.size() < 2)
     GTEST_SKIP() << "this CPU runs only the scalar path: no SIMD path to compare";
   std::vector<std::uint32_t> acc(kChunk), sampled(kChunk / kStride + 1);
-  std::vector<std::vector<unsigned char>> out(isas.size(), std::vector<unsigned char>(kChunk * 2));
-  std::vector<unsigned char> ref(kChunk * 2);
+  std::vector<std::vector<unsigned char>> out(isas.size(), std::vector<unsigned char>(kChunk * 4));
+  std::vector<unsigned char> ref(kChunk * 4);
   for (DType d : {DType::f32, DType::f16, DType::bf16, DType::e4m3, DType::e5m2}) {
     const std::size_t es = dtype_size(d);
     for (std::uint64_t base = 0; base < (1ull << 32); base += kChunk) {

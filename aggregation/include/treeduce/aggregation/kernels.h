@@ -68,7 +68,8 @@ struct KernelTable {
 bool isa_supported(Isa isa) noexcept;
 /// Every supported path, scalar first.
 std::vector<Isa> supported_isas();
-/// The most capable supported path.
+/// The fastest supported path: avx512, else avx2, else scalar. avx512_bf16 is never chosen
+/// automatically (measured slower here, see dispatch.cpp) but can be forced.
 Isa best_isa() noexcept;
 /// The table of a given path, or nullptr when it is not supported.
 const KernelTable* kernels_for(Isa isa) noexcept;

@@ -1,0 +1,276 @@
+// treeduce-bench-kernels: throughput of the aggregation kernels, as ratios against plain loops
+// measured in the same iterations (the machine is shared and noisy; absolute figures drift, ratios
+// hold). Rows:
+//   accumulate/<dtype>/<op>/<L2|DRAM>  acc[i] = acc[i] OP widen(in[i]); accumulator 256 KiB or 256
+//   MiB reduce8/<dtype>/sum/L2             8 payloads folded in order into a fresh accumulator
+//   emit/<dtype>/L2                    accumulator narrowed to the wire type
+// Counters:
+//   input_GBps   wire bytes consumed per second (emit: accumulator bytes)
+//   vs_baseline  baseline time / kernel time for the same elements. Baselines, compiled for the
+//                best ISA of this CPU (target_clones) and auto-vectorised at -O3:
+//                f32, i32: `acc[i] += in[i]` on float; f16: the same with F16C (vcvtph2ps, 8
+//                lanes); bf16: `acc[i] += bits(in[i] << 16)`; e4m3/e5m2: `acc[i] += table[in[i]]`
+//                (the naive widening); reduce8: 7 baseline passes after a copy; emit: none.
+//   vs_bf16      FP8 only: this kernel's input GB/s over the bf16 kernel's, timed in the same
+//                iterations on the same element count.
+// The kernel path is the active one (best for this CPU, or TREEDUCE_KERNEL_ISA).
+#include <benchmark/benchmark.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <bit>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "treeduce/aggregation/convert.h"
+#include "treeduce/aggregation/kernels.h"
+
+namespace treeduce::agg {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TD_BASELINE \
+  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4"), noinline))
+#else
+#define TD_BASELINE __attribute__((noinline))
+#endif
+
+TD_BASELINE void base_f32(float* __restrict acc, const float* __restrict in, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) acc[i] += in[i];
+}
+TD_BASELINE void base_f16_plain(float* __restrict acc, const _Float16* __restrict in,
+                                std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) acc[i] += static_cast<float>(in[i]);
+}
+#if defined(__x86_64__)
+// GCC 12 does not vectorise _Float16 widening (it calls libgcc), so where F16C exists the baseline
+// is the obvious F16C loop instead: 8 lanes at a time, no unrolling.
+__attribute__((target("avx2,f16c"), noinline)) void base_f16_f16c(
+    float* __restrict acc, const std::uint16_t* __restrict in, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), x));
+  }
+  for (; i < n; ++i) acc[i] += f16_to_f32(in[i]);
+}
+#endif
+void base_f16(float* acc, const void* in, std::size_t n) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("f16c")) {
+    return base_f16_f16c(acc, static_cast<const std::uint16_t*>(in), n);
+  }
+#endif
+  base_f16_plain(acc, static_cast<const _Float16*>(in), n);
+}
+TD_BASELINE void base_bf16(float* __restrict acc, const std::uint16_t* __restrict in,
+                           std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    acc[i] += std::bit_cast<float>(static_cast<std::uint32_t>(in[i]) << 16);
+  }
+}
+TD_BASELINE void base_table(float* __restrict acc, const std::uint8_t* __restrict in,
+                            const float* __restrict table, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) acc[i] += table[in[i]];
+}
+
+struct Table8 {
+  float e4m3[256], e5m2[256];
+  Table8() {
+    for (int b = 0; b < 256; ++b) {
+      e4m3[b] = e4m3_to_f32(static_cast<std::uint8_t>(b));
+      e5m2[b] = e5m2_to_f32(static_cast<std::uint8_t>(b));
+    }
+  }
+};
+const Table8 kTable8;
+
+void baseline(DType d, float* acc, const void* in, std::size_t n) {
+  switch (d) {
+    case DType::f32:
+    case DType::i32:
+      return base_f32(acc, static_cast<const float*>(in), n);
+    case DType::f16:
+      return base_f16(acc, in, n);
+    case DType::bf16:
+      return base_bf16(acc, static_cast<const std::uint16_t*>(in), n);
+    case DType::e4m3:
+      return base_table(acc, static_cast<const std::uint8_t*>(in), kTable8.e4m3, n);
+    case DType::e5m2:
+      return base_table(acc, static_cast<const std::uint8_t*>(in), kTable8.e5m2, n);
+  }
+}
+
+struct Free {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<unsigned char, Free>;
+
+Buffer alloc(std::size_t bytes) {
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, bytes);  // touch every page before timing
+  return Buffer(static_cast<unsigned char*>(p));
+}
+
+// Payload of ordinary values in (-1, 1): no NaN, infinity or subnormal slows any path. i32 values
+// are chosen so that their bits are also ordinary floats, for the float baseline.
+Buffer make_payload(DType d, std::size_t n, std::uint64_t seed) {
+  Buffer b = alloc(n * dtype_size(d));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(std::min<std::size_t>(n, 1u << 16));
+  const KernelTable& t = *kernels_for(Isa::scalar);
+  for (std::size_t i = 0; i < n; i += v.size()) {
+    const std::size_t m = std::min(v.size(), n - i);
+    for (std::size_t j = 0; j < m; ++j) v[j] = u(rng) + (d == DType::i32 ? 2.5f : 0.0f);
+    t.emit_fn(d == DType::i32 ? DType::f32 : d)(b.get() + i * dtype_size(d), v.data(), m);
+  }
+  return b;
+}
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+void bm_accumulate(benchmark::State& st, DType d, ReduceOp op, std::size_t acc_bytes) {
+  const std::size_t n = acc_bytes / 4;
+  const Buffer in = make_payload(d, n, 1);
+  const Buffer acc = alloc(n * 4), base_acc = alloc(n * 4);
+  const bool fp8 = d == DType::e4m3 || d == DType::e5m2;
+  const Buffer bf16_in = fp8 ? make_payload(DType::bf16, n, 2) : Buffer();
+  const KernelTable& t = kernels();
+  t.load_fn(d)(acc.get(), in.get(), n);
+  const AccumulateFn fn = t.accumulate_fn(d, op), bf16_fn = t.accumulate_fn(DType::bf16, op);
+  double tk = 0, tb = 0, t16 = 0;
+  for (auto _ : st) {
+    const auto a = Clock::now();
+    fn(acc.get(), in.get(), n);
+    const auto b = Clock::now();
+    baseline(d, reinterpret_cast<float*>(base_acc.get()), in.get(), n);
+    const auto c = Clock::now();
+    if (fp8) bf16_fn(acc.get(), bf16_in.get(), n);
+    const auto e = Clock::now();
+    benchmark::ClobberMemory();
+    st.SetIterationTime(seconds(a, b));
+    tk += seconds(a, b);
+    tb += seconds(b, c);
+    t16 += seconds(c, e);
+  }
+  const auto iters = static_cast<double>(st.iterations());
+  const double bytes = static_cast<double>(n * dtype_size(d)) * iters;
+  st.counters["input_GBps"] = bytes / tk / 1e9;
+  st.counters["vs_baseline"] = tb / tk;
+  if (fp8) st.counters["vs_bf16"] = (bytes / tk) / (2.0 * static_cast<double>(n) * iters / t16);
+  st.SetBytesProcessed(static_cast<std::int64_t>(bytes));
+}
+
+void bm_reduce8(benchmark::State& st, DType d, std::size_t acc_bytes) {
+  constexpr std::size_t kK = 8;
+  const std::size_t n = acc_bytes / 4;
+  std::vector<Buffer> in;
+  std::vector<const void*> ptrs;
+  for (std::size_t j = 0; j < kK; ++j) {
+    in.push_back(make_payload(d, n, 10 + j));
+    ptrs.push_back(in.back().get());
+  }
+  const Buffer acc = alloc(n * 4), base_acc = alloc(n * 4);
+  const ReduceFn fn = kernels().reduce_fn(d, ReduceOp::sum);
+  const LoadFn load = kernels().load_fn(d);
+  double tk = 0, tb = 0;
+  for (auto _ : st) {
+    const auto a = Clock::now();
+    fn(acc.get(), ptrs.data(), kK, n);
+    const auto b = Clock::now();
+    load(base_acc.get(), ptrs[0], n);  // the naive way: first payload, then k-1 baseline passes
+    for (std::size_t j = 1; j < kK; ++j) {
+      baseline(d, reinterpret_cast<float*>(base_acc.get()), ptrs[j], n);
+    }
+    const auto c = Clock::now();
+    benchmark::ClobberMemory();
+    st.SetIterationTime(seconds(a, b));
+    tk += seconds(a, b);
+    tb += seconds(b, c);
+  }
+  const double bytes =
+      static_cast<double>(kK * n * dtype_size(d)) * static_cast<double>(st.iterations());
+  st.counters["input_GBps"] = bytes / tk / 1e9;
+  st.counters["vs_baseline"] = tb / tk;
+  st.SetBytesProcessed(static_cast<std::int64_t>(bytes));
+}
+
+void bm_emit(benchmark::State& st, DType d, std::size_t acc_bytes) {
+  const std::size_t n = acc_bytes / 4;
+  const Buffer in = make_payload(d, n, 3);
+  const Buffer acc = alloc(n * 4), out = alloc(n * dtype_size(d));
+  kernels().load_fn(d)(acc.get(), in.get(), n);
+  const EmitFn fn = kernels().emit_fn(d);
+  double tk = 0;
+  for (auto _ : st) {
+    const auto a = Clock::now();
+    fn(out.get(), acc.get(), n);
+    const auto b = Clock::now();
+    benchmark::ClobberMemory();
+    st.SetIterationTime(seconds(a, b));
+    tk += seconds(a, b);
+  }
+  const double bytes = static_cast<double>(n * 4) * static_cast<double>(st.iterations());
+  st.counters["input_GBps"] = bytes / tk / 1e9;
+  st.SetBytesProcessed(static_cast<std::int64_t>(bytes));
+}
+
+// L1: a switch's per-packet working set (one slot's accumulator is 1-8 KiB, hot in L1), where the
+// kernels are compute-bound. L2 and DRAM: streaming, bound by the accumulator's read and write.
+constexpr std::size_t kL1 = 16u << 10, kL2 = 256u << 10, kDram = 256u << 20;
+
+void register_all() {
+  for (DType d : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      for (auto [size, label] :
+           {std::pair{kL1, "L1"}, std::pair{kL2, "L2"}, std::pair{kDram, "DRAM"}}) {
+        const std::string nm =
+            "accumulate/" + std::string(name(d)) + "/" + std::string(name(op)) + "/" + label;
+        benchmark::RegisterBenchmark(nm.c_str(), bm_accumulate, d, op, size)
+            ->UseManualTime()
+            ->MinTime(size == kDram ? 0.5 : 0.2)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  for (DType d : kAllDTypes) {
+    const std::string nm = "reduce8/" + std::string(name(d)) + "/sum/L2";
+    benchmark::RegisterBenchmark(nm.c_str(), bm_reduce8, d, kL2)
+        ->UseManualTime()
+        ->MinTime(0.2)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  for (DType d : kAllDTypes) {
+    const std::string nm = "emit/" + std::string(name(d)) + "/L2";
+    benchmark::RegisterBenchmark(nm.c_str(), bm_emit, d, kL2)
+        ->UseManualTime()
+        ->MinTime(0.2)
+        ->Unit(benchmark::kMicrosecond);
+  }
+}
+
+}  // namespace
+}  // namespace treeduce::agg
+
+int main(int argc, char** argv) {
+  using namespace treeduce::agg;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("kernel_isa", std::string(name(kernels().isa)));
+  register_all();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

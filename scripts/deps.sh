@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages treeduce needs that are missing; installs nothing when all are
+# there. Sourced by scripts/main.sh and scripts/test.sh; also runnable on its own.
+set -euo pipefail
+
+TREEDUCE_PACKAGES=(
+  # build
+  meson ninja-build g++ pkg-config python3 git
+  # tests, benchmarks, style
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format
+  # fuzzing (libFuzzer comes with clang's runtime)
+  clang libclang-rt-14-dev
+)
+
+treeduce_install_deps() {
+  if ! command -v dpkg-query >/dev/null 2>&1; then
+    echo "treeduce: not a Debian system; install the equivalents of: ${TREEDUCE_PACKAGES[*]}" >&2
+    return 0
+  fi
+  local missing=() p
+  for p in "${TREEDUCE_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo=(sudo)
+    else
+      echo "treeduce: missing packages (${missing[*]}) and not root; run as root or install them" >&2
+      return 1
+    fi
+  fi
+  echo "treeduce: installing ${missing[*]}" >&2
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  treeduce_install_deps
+fi

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run): installs what is missing, then
+#   1. release build: every suite (unit, integration, slow);
+#   2. debug build with AddressSanitizer + UndefinedBehaviorSanitizer: every suite but slow.
+# Ends with one line "tests: N passed, N failed, N skipped" over both builds; exits non-zero when
+# anything failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/deps.sh
+treeduce_install_deps
+
+jobs=$(nproc)
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+
+status=0
+run_build() {  # dir, meson test args..., -- setup args...
+  local dir=$1
+  shift
+  local test_args=() setup_args=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do test_args+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  setup_args=("$@")
+  echo "== $dir: build" >&2
+  if [ -f "$dir/build.ninja" ]; then
+    meson configure "$dir" "${setup_args[@]}" >/dev/null
+  else
+    meson setup "$dir" "${setup_args[@]}" >/dev/null
+  fi
+  ninja -C "$dir" -j "$jobs" >/dev/null || { echo "== $dir: BUILD FAILED" >&2; ninja -C "$dir" -j1 | tail -40; status=1; return; }
+  echo "== $dir: test" >&2
+  meson test -C "$dir" --print-errorlogs --num-processes "$jobs" "${test_args[@]}" || status=1
+}
+
+run_build build -- -Dbuildtype=release
+run_build build-asan --no-suite slow -- -Dbuildtype=debug -Db_sanitize=address,undefined \
+  -Db_lundef=false -Dbenchmarks=false
+
+python3 - build build-asan <<'PY'
+import json, sys
+counts = {"passed": 0, "failed": 0, "skipped": 0}
+for d in sys.argv[1:]:
+    try:
+        lines = open(f"{d}/meson-logs/testlog.json").read().splitlines()
+    except OSError:
+        counts["failed"] += 1
+        continue
+    for line in lines:
+        r = json.loads(line)["result"]
+        counts["passed" if r in ("OK", "EXPECTEDFAIL") else "skipped" if r == "SKIP" else "failed"] += 1
+print(f"tests: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+PY
+exit $status
