@@ -62,6 +62,46 @@ TD_AVX512 Vec<D> load_widen(const void* p, std::size_t i, __mmask16 m) {
   }
 }
 
+/// 32 FP8 elements at index i, widened into two vectors: the byte-to-word work is done once on a
+/// full 512-bit register instead of twice on 256-bit ones.
+template <DType D>
+TD_AVX512 void load_widen_fp8x32(const void* p, std::size_t i, __m512& lo, __m512& hi) {
+  const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(static_cast<const unsigned char*>(p) + i)));
+  if constexpr (D == DType::e5m2) {
+    const __m512i h = _mm512_slli_epi16(w, 8);
+    lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  } else {
+    static_assert(D == DType::e4m3);
+    const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7F));
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F));
+    const __m512i h =
+        _mm512_ternarylogic_epi32(_mm512_slli_epi16(mag, 7), _mm512_slli_epi16(w, 8),
+                                  _mm512_set1_epi16(static_cast<short>(0x8000)), 0xD8);
+    const __m512 scale = _mm512_set1_ps(256.0f);
+    const __m512i nan_bits = _mm512_set1_epi32(0x7FF00000);
+    const __m512i f0 =
+        _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), scale));
+    const __m512i f1 =
+        _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), scale));
+    lo = _mm512_castsi512_ps(_mm512_mask_or_epi32(f0, static_cast<__mmask16>(nan), f0, nan_bits));
+    hi = _mm512_castsi512_ps(
+        _mm512_mask_or_epi32(f1, static_cast<__mmask16>(nan >> 16), f1, nan_bits));
+  }
+}
+
+/// 32 elements at index i as two vectors (the unrolled loops' input).
+template <DType D>
+TD_AVX512 void load_widen_x2(const void* p, std::size_t i, Vec<D>& lo, Vec<D>& hi) {
+  if constexpr (D == DType::e4m3 || D == DType::e5m2) {
+    load_widen_fp8x32<D>(p, i, lo, hi);
+  } else {
+    lo = load_widen<D>(p, i, 0xFFFF);
+    hi = load_widen<D>(p, i + kW, 0xFFFF);
+  }
+}
+
 template <int kMan, int kBias, int kMaxBits, int kNanBits>
 TD_AVX512 __m128i narrow_fp8(__m512 v) {
   // See kernels_avx2.cpp for the method.
@@ -190,8 +230,8 @@ struct Avx512Impl {
     // Two vectors per iteration halve the loop overhead; measured +10% on bf16 sum with the
     // accumulator in L2 (bench accumulate/bf16/sum/L2, vs_baseline 0.85-0.90 -> 0.97-1.00).
     for (; i + 2 * kW <= n; i += 2 * kW) {
-      const Vec<D> x0 = load_widen<D>(payload, i, 0xFFFF);
-      const Vec<D> x1 = load_widen<D>(payload, i + kW, 0xFFFF);
+      Vec<D> x0, x1;
+      load_widen_x2<D>(payload, i, x0, x1);
       store_acc<D>(acc, i, combine<O>(load_acc<D>(acc, i, 0xFFFF), x0), 0xFFFF);
       store_acc<D>(acc, i + kW, combine<O>(load_acc<D>(acc, i + kW, 0xFFFF), x1), 0xFFFF);
     }
@@ -209,7 +249,20 @@ struct Avx512Impl {
   TD_AVX512 static void reduce(void* acc, const void* const* payloads, std::size_t k,
                                std::size_t n) {
     if (k == 0) return;
-    for (std::size_t i = 0; i < n; i += kW) {
+    std::size_t i = 0;
+    for (; i + 2 * kW <= n; i += 2 * kW) {
+      Vec<D> v0, v1;
+      load_widen_x2<D>(payloads[0], i, v0, v1);
+      for (std::size_t j = 1; j < k; ++j) {
+        Vec<D> x0, x1;
+        load_widen_x2<D>(payloads[j], i, x0, x1);
+        v0 = combine<O>(v0, x0);
+        v1 = combine<O>(v1, x1);
+      }
+      store_acc<D>(acc, i, v0, 0xFFFF);
+      store_acc<D>(acc, i + kW, v1, 0xFFFF);
+    }
+    for (; i < n; i += kW) {
       const __mmask16 m = n - i >= kW ? __mmask16{0xFFFF} : tail_mask(n - i);
       Vec<D> v = load_widen<D>(payloads[0], i, m);
       for (std::size_t j = 1; j < k; ++j) v = combine<O>(v, load_widen<D>(payloads[j], i, m));
