@@ -160,7 +160,8 @@ TD_AVX2 __m256i combine(__m256i a, __m256i b) {
 
 template <DType D>
 TD_AVX2 Vec<D> load_acc(const void* acc, std::size_t i) {
-  return load_widen < D == DType::i32 ? DType::i32 : DType::f32 > (acc, i);
+  constexpr DType kLane = D == DType::i32 ? DType::i32 : DType::f32;
+  return load_widen<kLane>(acc, i);
 }
 template <DType D>
 TD_AVX2 void store_acc(void* acc, std::size_t i, Vec<D> v) {

@@ -176,9 +176,9 @@ TD_AVX512 __m512 combine(__m512 a, __m512 b) {
   if constexpr (O == ReduceOp::sum) {
     return _mm512_add_ps(a, b);
   } else {
-    // See scalar_ops.h: -0 < +0, any NaN gives the canonical NaN. (vrangeps does not order the
-    // zeros that way, so it saves nothing: the tie fix-up is needed either way.)
-    // Ties (equal values, +-0 included) take a|b for min and a&b for max, in one masked op.
+    // See scalar_ops.h: -0 < +0, any NaN gives the canonical NaN. Ties (equal values, +-0
+    // included) take a|b for min and a&b for max, in one masked op. (vrangeps does not order the
+    // zeros that way, so it would save nothing.)
     const __mmask16 eq = _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ);
     const __m512 m = O == ReduceOp::min ? _mm512_mask_or_ps(_mm512_min_ps(a, b), eq, a, b)
                                         : _mm512_mask_and_ps(_mm512_max_ps(a, b), eq, a, b);
@@ -200,7 +200,8 @@ TD_AVX512 __m512i combine(__m512i a, __m512i b) {
 
 template <DType D>
 TD_AVX512 Vec<D> load_acc(const void* acc, std::size_t i, __mmask16 m) {
-  return load_widen < D == DType::i32 ? DType::i32 : DType::f32 > (acc, i, m);
+  constexpr DType kLane = D == DType::i32 ? DType::i32 : DType::f32;
+  return load_widen<kLane>(acc, i, m);
 }
 template <DType D>
 TD_AVX512 void store_acc(void* acc, std::size_t i, Vec<D> v, __mmask16 m) {
