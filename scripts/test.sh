@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run): installs what is missing, then
 #   1. release build: every suite (unit, integration, slow);
-#   2. debug build with AddressSanitizer + UndefinedBehaviorSanitizer: every suite but slow.
-# Ends with one line "tests: N passed, N failed, N skipped" over both builds; exits non-zero when
+#   2. debug build with AddressSanitizer + UndefinedBehaviorSanitizer: every suite but slow;
+#   3. clang build of the libFuzzer targets (ASan + UBSan): a short fuzz run of each.
+# Ends with one line "tests: N passed, N failed, N skipped" over all builds; exits non-zero when
 # anything failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,9 +15,10 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 
 status=0
-run_build() {  # dir, meson test args..., -- setup args...
-  local dir=$1
-  shift
+# run_build DIR TARGET [meson test args...] -- [setup args...]; TARGET "all" builds everything.
+run_build() {
+  local dir=$1 target=$2
+  shift 2
   local test_args=() setup_args=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do test_args+=("$1"); shift; done
   [ $# -gt 0 ] && shift
@@ -27,16 +29,26 @@ run_build() {  # dir, meson test args..., -- setup args...
   else
     meson setup "$dir" "${setup_args[@]}" >/dev/null
   fi
-  ninja -C "$dir" -j "$jobs" >/dev/null || { echo "== $dir: BUILD FAILED" >&2; ninja -C "$dir" -j1 | tail -40; status=1; return; }
+  local targets=()
+  [ "$target" = all ] || targets=("$target")
+  if ! ninja -C "$dir" -j "$jobs" "${targets[@]}" >/dev/null; then
+    echo "== $dir: BUILD FAILED" >&2
+    ninja -C "$dir" -j1 "${targets[@]}" | tail -40
+    status=1
+    return
+  fi
   echo "== $dir: test" >&2
-  meson test -C "$dir" --print-errorlogs --num-processes "$jobs" "${test_args[@]}" || status=1
+  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes "$jobs" "${test_args[@]}" ||
+    status=1
 }
 
-run_build build -- -Dbuildtype=release
-run_build build-asan --no-suite slow -- -Dbuildtype=debug -Db_sanitize=address,undefined \
+run_build build all -- -Dbuildtype=release
+run_build build-asan all --no-suite slow -- -Dbuildtype=debug -Db_sanitize=address,undefined \
   -Db_lundef=false -Dbenchmarks=false
+CXX=clang++ run_build build-fuzz tests/fuzz/treeduce-fuzz-core --suite fuzz -- -Dfuzz=enabled \
+  -Dbenchmarks=false -Db_sanitize=address,undefined -Db_lundef=false
 
-python3 - build build-asan <<'PY'
+python3 - build build-asan build-fuzz <<'PY'
 import json, sys
 counts = {"passed": 0, "failed": 0, "skipped": 0}
 for d in sys.argv[1:]:

@@ -2,6 +2,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#if TREEDUCE_HAVE_X86_SIMD
+#include <cpuid.h>
+#endif
+
 #include "table.h"
 #include "treeduce/aggregation/kernels.h"
 
@@ -31,6 +35,15 @@ std::optional<Isa> parse_isa(std::string_view s) noexcept {
 
 namespace {
 
+#if TREEDUCE_HAVE_X86_SIMD
+// CPUID leaf 1, ECX bit 29. Asked directly because clang 14 does not know
+// __builtin_cpu_supports("f16c"); OS support for the YMM state comes with the AVX2 check.
+bool cpu_has_f16c() noexcept {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
 // __builtin_cpu_supports also checks that the OS saves the wider register state (XGETBV).
 bool cpu_has(Isa isa) noexcept {
   switch (isa) {
@@ -38,7 +51,7 @@ bool cpu_has(Isa isa) noexcept {
       return true;
 #if TREEDUCE_HAVE_X86_SIMD
     case Isa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && cpu_has_f16c();
 #endif
 #if TREEDUCE_HAVE_AVX512
     case Isa::avx512:

@@ -1,0 +1,146 @@
+/// @file
+/// The switch core: what a treeduce switch does with every frame, independent of any I/O library.
+///
+/// Datapath: Core::process_burst() takes a burst of received frames and produces frames to send.
+/// Control: install_tree() / remove_tree() between bursts. The core allocates only in the control
+/// calls; the per-packet path does not allocate, throw, lock or log. Slot semantics follow
+/// docs/protocol.md section "Switch behaviour"; design and measured costs are in
+/// docs/switch-core.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "treeduce/aggregation/dtype.h"
+#include "treeduce/dataplane/counters.h"
+#include "treeduce/dataplane/wire.h"
+
+namespace treeduce::dp {
+
+/// Most children one switch can have in one tree: a contribution bitmap is one 64-bit word.
+inline constexpr std::size_t kMaxChildren = 64;
+/// Most slots per tree (two versions each).
+inline constexpr std::uint32_t kMaxSlots = 4096;
+
+/// A tree's role on this switch. Only root vs non-root changes behaviour; leaf/inner is for
+/// reporting (a leaf's children are hosts).
+enum class Role : std::uint8_t { leaf = 0, inner = 1, root = 2 };
+
+/// One child of a tree on this switch: a host or a switch one level down.
+struct ChildConfig {
+  Endpoint addr;            ///< where RESULTs go; CONTRIBs must come from addr.ip
+  std::uint16_t hosts = 1;  ///< hosts under this child: the ncontrib its CONTRIBs must carry
+};
+
+/// Everything a switch needs to serve one tree. Built by the control plane.
+struct TreeConfig {
+  std::uint16_t tree_id = 0;
+  std::uint64_t key = 0;  ///< per-job key; every packet must carry it
+  Role role = Role::root;
+  Endpoint parent;                     ///< ignored for Role::root
+  std::uint16_t index_at_parent = 0;   ///< our child index in the parent's tree entry
+  std::vector<ChildConfig> children;   ///< 1..kMaxChildren, index = child index on the wire
+  std::uint32_t slots = 8;             ///< power of two, 1..kMaxSlots
+  std::uint32_t payload_bytes = 1024;  ///< power of two, 256..8192
+  std::uint8_t dtype_mask = 0x3F;      ///< bit d allows DType d
+  std::uint8_t op_mask = 0x07;         ///< bit o allows ReduceOp o
+  /// Keep each child's payload and reduce in child order when all are in: results bit-identical
+  /// whatever the arrival order, loss and retransmissions.
+  bool deterministic = false;
+};
+
+/// A received frame: the bytes stay owned by the caller.
+struct RxFrame {
+  const std::uint8_t* data;
+  std::size_t len;
+};
+
+/// A frame to send: its own 74 header bytes followed by a payload that may be shared by several
+/// TxFrames (multicast). `payload` points into the core's slot memory and stays valid until the
+/// next process_burst(), install_tree() or remove_tree() call: transmit (or copy) before that.
+/// A DPDK backend maps it to a header mbuf chained to an indirect payload mbuf.
+struct TxFrame {
+  std::uint8_t hdr[kFrameHeaderBytes];
+  const std::uint8_t* payload;
+  std::uint32_t payload_len;
+  std::uint32_t len() const noexcept { return kFrameHeaderBytes + payload_len; }
+};
+
+/// State of one slot version (docs/protocol.md).
+enum class SlotState : std::uint8_t {
+  empty = 0,           ///< never used since install
+  accumulating = 1,    ///< waiting for children
+  waiting_parent = 2,  ///< all children in, partial sent up, waiting for the RESULT (non-root)
+  done = 3,            ///< result held: multicast done, kept for duplicate requests
+};
+
+/// A copy of a slot version's bookkeeping, for tests and introspection.
+struct SlotView {
+  SlotState state = SlotState::empty;
+  std::uint32_t chunk = 0;
+  std::uint32_t seq = 0;
+  std::uint64_t bitmap = 0;    ///< children whose contribution is in
+  std::uint16_t arrived = 0;   ///< popcount(bitmap)
+  std::uint32_t ncontrib = 0;  ///< hosts folded into the accumulator (RESULT's count when done)
+  std::uint16_t count = 0;     ///< elements
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+};
+
+/// Switch-wide settings.
+struct CoreConfig {
+  Endpoint self;  ///< this switch's MAC, IPv4 address and UDP port
+};
+
+struct Tree;  // defined in core.cpp
+
+/// One switch's aggregation engine. Single-threaded: one thread calls everything.
+class Core {
+ public:
+  explicit Core(const CoreConfig& cfg);
+  ~Core();
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  /// Install a tree. Returns 0, -EINVAL (bad config: sizes, masks, children, role), -EEXIST (id
+  /// in use) or -ENOMEM. Allocates all slot memory and output headers of the tree.
+  int install_tree(const TreeConfig& cfg);
+  /// Remove a tree and free its memory. Returns 0 or -ENOENT. Frames for it are then dropped as
+  /// unknown_tree.
+  int remove_tree(std::uint16_t tree_id);
+  /// Number of installed trees.
+  std::size_t tree_count() const noexcept;
+
+  /// Process up to `n_rx` received frames. Writes up to `tx_cap` frames to `tx` and their number
+  /// to `*n_tx`. Returns how many received frames were consumed: fewer than `n_rx` only when `tx`
+  /// has no room for the worst case of the next frame (as many frames as the tree has children);
+  /// the caller sends what it got and calls again with the rest. Never fails on bad input: every
+  /// frame not used is counted under a DropReason.
+  std::size_t process_burst(const RxFrame* rx, std::size_t n_rx, TxFrame* tx, std::size_t tx_cap,
+                            std::size_t* n_tx) noexcept;
+
+  /// Switch-wide counters (every frame).
+  const Counters& counters() const noexcept { return counters_; }
+  /// A tree's counters (frames that named an installed tree), or nullptr.
+  const Counters* tree_counters(std::uint16_t tree_id) const noexcept;
+  /// A slot version's bookkeeping. Returns 0, -ENOENT (no tree) or -EINVAL (slot/ver range).
+  int slot_view(std::uint16_t tree_id, std::uint32_t slot, unsigned ver, SlotView* out) const;
+
+  const CoreConfig& config() const noexcept { return cfg_; }
+
+ private:
+  std::size_t handle(const std::uint8_t* data, std::size_t len, TxFrame* tx, std::size_t tx_room,
+                     bool* consumed) noexcept;
+  void drop(Tree* t, DropReason r) noexcept;
+  void event(Tree* t, Event e, std::uint64_t n = 1) noexcept;
+
+  CoreConfig cfg_;
+  Counters counters_;
+  /// Indexed by tree id: a lookup is one load. 512 KiB of pointers per switch.
+  std::vector<std::unique_ptr<Tree>> trees_;
+  std::size_t ntrees_ = 0;
+};
+
+}  // namespace treeduce::dp

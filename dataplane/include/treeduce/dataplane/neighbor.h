@@ -1,0 +1,58 @@
+/// @file
+/// ARP and ICMP echo for a switch's own address: what lets hosts that use the kernel's UDP stack
+/// reach a treeduce switch with no static neighbour entries, and lets a person ping it.
+///
+/// Pure functions over byte arrays, like the core: a received frame in, at most one reply frame
+/// out. The DPDK daemon calls answer_neighbor() for every frame that is not treeduce traffic.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "treeduce/dataplane/wire.h"
+
+namespace treeduce::dp {
+
+/// ARP over Ethernet for IPv4 (RFC 826), 28 bytes after the Ethernet header.
+struct [[gnu::packed]] ArpHdr {
+  std::uint16_t htype;  ///< big-endian; 1 (Ethernet)
+  std::uint16_t ptype;  ///< big-endian; 0x0800 (IPv4)
+  std::uint8_t hlen;    ///< 6
+  std::uint8_t plen;    ///< 4
+  std::uint16_t oper;   ///< big-endian; 1 request, 2 reply
+  std::uint8_t sha[6];  ///< sender MAC
+  std::uint32_t spa;    ///< sender IPv4, big-endian (unaligned: copy, never dereference in place)
+  std::uint8_t tha[6];  ///< target MAC
+  std::uint32_t tpa;    ///< target IPv4, big-endian
+};
+static_assert(sizeof(ArpHdr) == 28 && alignof(ArpHdr) == 1);
+
+/// ICMP header (RFC 792); for echo, identifier and sequence follow in `rest`.
+struct [[gnu::packed]] IcmpHdr {
+  std::uint8_t type;       ///< 8 echo request, 0 echo reply
+  std::uint8_t code;       ///< 0
+  std::uint16_t checksum;  ///< big-endian, over the whole ICMP message
+  std::uint32_t rest;      ///< echo: identifier and sequence, returned unchanged
+};
+static_assert(sizeof(IcmpHdr) == 8 && alignof(IcmpHdr) == 1);
+
+inline constexpr std::uint16_t kEtherTypeArp = 0x0806;
+
+/// What answer_neighbor() did with a frame.
+enum class NeighborVerdict : std::uint8_t {
+  arp_reply,     ///< an ARP request for our address: reply written
+  echo_reply,    ///< an ICMP echo request to our address: reply written
+  not_neighbor,  ///< neither ARP nor ICMP: not for this function (the caller counts it)
+  ignored,       ///< ARP or ICMP we do not answer (a reply, another target, another ICMP type)
+  malformed,     ///< ARP or ICMP that fails a length or checksum check
+  no_room,       ///< the reply would not fit in `cap` bytes
+};
+
+/// If `frame` is an ARP request for `self.ip` or an ICMP echo request to `self.ip` (IPv4, no
+/// options, not a fragment, correct IPv4 and ICMP checksums), writes the reply frame into `out`
+/// and stores its length in `*out_len`. Never reads outside [frame, frame + len) nor writes
+/// outside [out, out + cap). An echo reply returns the request's identifier, sequence and data.
+NeighborVerdict answer_neighbor(const std::uint8_t* frame, std::size_t len, const Endpoint& self,
+                                std::uint8_t* out, std::size_t cap, std::size_t* out_len) noexcept;
+
+}  // namespace treeduce::dp

@@ -1,0 +1,54 @@
+#include "treeduce/dataplane/counters.h"
+
+namespace treeduce::dp {
+
+namespace {
+struct DropInfo {
+  std::string_view name;
+  bool nack;
+  std::string_view desc;
+};
+constexpr DropInfo kDrops[] = {
+#define TREEDUCE_DROP_INFO(n, nack, desc) {#n, nack != 0, desc},
+    TREEDUCE_FOREACH_DROP(TREEDUCE_DROP_INFO)
+#undef TREEDUCE_DROP_INFO
+};
+struct EventInfo {
+  std::string_view name;
+  std::string_view desc;
+};
+constexpr EventInfo kEvents[] = {
+#define TREEDUCE_EVENT_INFO(n, desc) {#n, desc},
+    TREEDUCE_FOREACH_EVENT(TREEDUCE_EVENT_INFO)
+#undef TREEDUCE_EVENT_INFO
+};
+}  // namespace
+
+std::string_view name(DropReason r) noexcept {
+  const auto i = static_cast<std::size_t>(r);
+  return i < kNumDropReasons ? kDrops[i].name : "?";
+}
+std::string_view description(DropReason r) noexcept {
+  const auto i = static_cast<std::size_t>(r);
+  return i < kNumDropReasons ? kDrops[i].desc : "?";
+}
+bool nacks(DropReason r) noexcept {
+  const auto i = static_cast<std::size_t>(r);
+  return i < kNumDropReasons && kDrops[i].nack;
+}
+std::string_view name(Event e) noexcept {
+  const auto i = static_cast<std::size_t>(e);
+  return i < kNumEvents ? kEvents[i].name : "?";
+}
+std::string_view description(Event e) noexcept {
+  const auto i = static_cast<std::size_t>(e);
+  return i < kNumEvents ? kEvents[i].desc : "?";
+}
+
+std::uint64_t Counters::total_drops() const noexcept {
+  std::uint64_t s = 0;
+  for (std::size_t i = 1; i < kNumDropReasons; ++i) s += drops[i];
+  return s;
+}
+
+}  // namespace treeduce::dp

@@ -1,0 +1,108 @@
+// ARP and ICMP echo replies for the switch's own address. Control traffic, not the reduction
+// datapath: correctness and bounds over speed, but still no allocation, so the daemon can answer
+// from its polling loop.
+#include "treeduce/dataplane/neighbor.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace treeduce::dp {
+
+namespace {
+
+constexpr std::uint16_t kEtherTypeIpv4 = 0x0800;
+constexpr std::uint8_t kIpProtoIcmp = 1;
+constexpr std::uint8_t kIcmpEchoReply = 0;
+constexpr std::uint8_t kIcmpEchoRequest = 8;
+
+NeighborVerdict answer_arp(const std::uint8_t* frame, std::size_t len, const Endpoint& self,
+                           std::uint8_t* out, std::size_t cap, std::size_t* out_len) noexcept {
+  if (len < sizeof(EtherHdr) + sizeof(ArpHdr)) return NeighborVerdict::malformed;
+  const auto eth = load_header<EtherHdr>(frame);
+  const auto arp = load_header<ArpHdr>(frame + sizeof(EtherHdr));
+  if (bswap_be(arp.htype) != 1 || bswap_be(arp.ptype) != kEtherTypeIpv4 || arp.hlen != 6 ||
+      arp.plen != 4) {
+    return NeighborVerdict::malformed;
+  }
+  if (bswap_be(arp.oper) != 1 || bswap_be(arp.tpa) != self.ip) return NeighborVerdict::ignored;
+  // Ethernet frames are at least 60 bytes before the FCS; pad the reply so that drivers that do
+  // not pad (net_pcap, net_ring, memif) still put a legal frame on the wire.
+  constexpr std::size_t kReplyLen = 60;
+  if (cap < kReplyLen) return NeighborVerdict::no_room;
+  EtherHdr reth;
+  std::memcpy(reth.dst, eth.src, 6);
+  std::memcpy(reth.src, self.mac, 6);
+  reth.ether_type = bswap_be(kEtherTypeArp);
+  ArpHdr reply = arp;
+  reply.oper = bswap_be(std::uint16_t{2});
+  std::memcpy(reply.tha, arp.sha, 6);
+  reply.tpa = arp.spa;
+  std::memcpy(reply.sha, self.mac, 6);
+  reply.spa = bswap_be(self.ip);
+  std::memset(out, 0, kReplyLen);
+  store_header(out, reth);
+  store_header(out + sizeof(EtherHdr), reply);
+  *out_len = kReplyLen;
+  return NeighborVerdict::arp_reply;
+}
+
+NeighborVerdict answer_icmp(const std::uint8_t* frame, std::size_t len, const Endpoint& self,
+                            std::uint8_t* out, std::size_t cap, std::size_t* out_len) noexcept {
+  if (len < sizeof(EtherHdr) + sizeof(Ipv4Hdr)) return NeighborVerdict::malformed;
+  const auto eth = load_header<EtherHdr>(frame);
+  const auto ip = load_header<Ipv4Hdr>(frame + sizeof(EtherHdr));
+  if (ip.protocol != kIpProtoIcmp) return NeighborVerdict::not_neighbor;
+  if (ip.version_ihl != 0x45 || ipv4_checksum(ip) != 0) return NeighborVerdict::malformed;
+  const std::size_t ip_len = bswap_be(ip.total_length);
+  if (ip_len < sizeof(Ipv4Hdr) + sizeof(IcmpHdr) || ip_len > len - sizeof(EtherHdr)) {
+    return NeighborVerdict::malformed;
+  }
+  if ((bswap_be(ip.fragment) & 0x3FFF) != 0) return NeighborVerdict::ignored;  // fragments
+  if (bswap_be(ip.dst_addr) != self.ip) return NeighborVerdict::ignored;
+  const std::uint8_t* icmp_p = frame + sizeof(EtherHdr) + sizeof(Ipv4Hdr);
+  const std::size_t icmp_len = ip_len - sizeof(Ipv4Hdr);
+  const auto icmp = load_header<IcmpHdr>(icmp_p);
+  if (icmp.type != kIcmpEchoRequest || icmp.code != 0) return NeighborVerdict::ignored;
+  if (inet_checksum(icmp_p, icmp_len) != 0) return NeighborVerdict::malformed;
+  const std::size_t reply_len = std::max<std::size_t>(sizeof(EtherHdr) + ip_len, 60);
+  if (cap < reply_len) return NeighborVerdict::no_room;
+
+  std::memset(out, 0, reply_len);
+  EtherHdr reth;
+  std::memcpy(reth.dst, eth.src, 6);
+  std::memcpy(reth.src, self.mac, 6);
+  reth.ether_type = bswap_be(kEtherTypeIpv4);
+  Ipv4Hdr rip = ip;
+  rip.src_addr = bswap_be(self.ip);
+  rip.dst_addr = ip.src_addr;
+  rip.ttl = 64;
+  rip.tos = 0;
+  rip.hdr_checksum = 0;
+  rip.hdr_checksum = bswap_be(ipv4_checksum(rip));
+  std::uint8_t* ricmp = out + sizeof(EtherHdr) + sizeof(Ipv4Hdr);
+  std::memcpy(ricmp, icmp_p, icmp_len);  // identifier, sequence and data come back unchanged
+  IcmpHdr rhdr = icmp;
+  rhdr.type = kIcmpEchoReply;
+  rhdr.checksum = 0;
+  store_header(ricmp, rhdr);
+  rhdr.checksum = bswap_be(inet_checksum(ricmp, icmp_len));
+  store_header(ricmp, rhdr);
+  store_header(out, reth);
+  store_header(out + sizeof(EtherHdr), rip);
+  *out_len = reply_len;
+  return NeighborVerdict::echo_reply;
+}
+
+}  // namespace
+
+NeighborVerdict answer_neighbor(const std::uint8_t* frame, std::size_t len, const Endpoint& self,
+                                std::uint8_t* out, std::size_t cap, std::size_t* out_len) noexcept {
+  *out_len = 0;
+  if (frame == nullptr || len < sizeof(EtherHdr)) return NeighborVerdict::not_neighbor;
+  const std::uint16_t type = bswap_be(load_header<EtherHdr>(frame).ether_type);
+  if (type == kEtherTypeArp) return answer_arp(frame, len, self, out, cap, out_len);
+  if (type == kEtherTypeIpv4) return answer_icmp(frame, len, self, out, cap, out_len);
+  return NeighborVerdict::not_neighbor;
+}
+
+}  // namespace treeduce::dp

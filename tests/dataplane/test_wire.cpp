@@ -1,0 +1,124 @@
+#include <gtest/gtest.h>
+
+#include <cstddef>
+
+#include "test_util.h"
+#include "treeduce/dataplane/wire.h"
+
+namespace treeduce::dp {
+namespace {
+
+using namespace testing;
+
+// The layout is normative (docs/protocol.md): offsets are part of the protocol.
+static_assert(offsetof(TdHdr, version) == 0 && offsetof(TdHdr, opcode) == 1 &&
+              offsetof(TdHdr, dtype) == 2 && offsetof(TdHdr, op) == 3 &&
+              offsetof(TdHdr, tree_id) == 4 && offsetof(TdHdr, child) == 6 &&
+              offsetof(TdHdr, slot) == 8 && offsetof(TdHdr, slot_ver) == 10 &&
+              offsetof(TdHdr, reason) == 11 && offsetof(TdHdr, count) == 12 &&
+              offsetof(TdHdr, ncontrib) == 14 && offsetof(TdHdr, chunk) == 16 &&
+              offsetof(TdHdr, seq) == 20 && offsetof(TdHdr, key) == 24);
+
+// Reason codes travel in NACKs: docs/protocol.md section 6 lists these values.
+static_assert(static_cast<int>(DropReason::bad_version) == 11);
+static_assert(static_cast<int>(DropReason::unknown_tree) == 14);
+static_assert(static_cast<int>(DropReason::bad_key) == 15);
+static_assert(static_cast<int>(DropReason::chunk_mismatch) == 22);
+static_assert(static_cast<int>(DropReason::nack_received) == 29);
+static_assert(kNumDropReasons == 30);
+static_assert(static_cast<int>(Opcode::contrib) == 1 && static_cast<int>(Opcode::result) == 2 &&
+              static_cast<int>(Opcode::nack) == 3);
+
+TEST(Wire, ByteLayoutIsBigEndian) {
+  TdHdr h = hdr(Opcode::contrib, 0x01020304, 0x0506, 0x0708);
+  std::uint8_t b[32];
+  store_header(b, h);
+  EXPECT_EQ(b[0], 1);
+  EXPECT_EQ(b[1], 1);
+  EXPECT_EQ(b[5], 5);  // tree 5
+  EXPECT_EQ(b[6], 0x05);
+  EXPECT_EQ(b[7], 0x06);
+  EXPECT_EQ(b[12], 0x07);
+  EXPECT_EQ(b[13], 0x08);
+  EXPECT_EQ(b[16], 0x01);
+  EXPECT_EQ(b[19], 0x04);
+  EXPECT_EQ(b[24], 0x11);
+  EXPECT_EQ(b[31], 0x88);
+}
+
+TEST(Wire, BuildThenParseRoundTrips) {
+  const auto f = frame(child_ep(0), hdr(Opcode::contrib, 9, 0, 3), {1, 2, 3});
+  ASSERT_EQ(f.size(), 74u + 12);
+  Parsed p;
+  ASSERT_EQ(parse_frame(f.data(), f.size(), kSwitch.ip, kSwitch.port, &p), ParseError::ok);
+  EXPECT_EQ(p.src_ip, child_ep(0).ip);
+  EXPECT_EQ(p.src_port, 50000);
+  EXPECT_EQ(p.payload_len, 12u);
+  EXPECT_EQ(bswap_be(p.td.chunk), 9u);
+  const auto ip = load_header<Ipv4Hdr>(f.data() + 14);
+  EXPECT_EQ(ipv4_checksum(ip), 0);
+  EXPECT_EQ(bswap_be(ip.total_length), 20u + 8 + 32 + 12);
+  // Ethernet padding after the datagram is ignored.
+  auto padded = f;
+  padded.resize(f.size() + 10, 0);
+  ASSERT_EQ(parse_frame(padded.data(), padded.size(), kSwitch.ip, kSwitch.port, &p),
+            ParseError::ok);
+  EXPECT_EQ(p.payload_len, 12u);
+}
+
+TEST(Wire, EveryTruncationIsRejected) {
+  const auto f = frame(child_ep(0), hdr(Opcode::contrib, 9, 0, 3), {1, 2, 3});
+  Parsed p;
+  for (std::size_t len = 0; len < f.size(); ++len) {
+    std::vector<std::uint8_t> t(f.begin(), f.begin() + static_cast<std::ptrdiff_t>(len));
+    EXPECT_NE(parse_frame(t.data(), t.size(), kSwitch.ip, kSwitch.port, &p), ParseError::ok) << len;
+  }
+}
+
+TEST(Wire, EachL2L4CheckHasItsReason) {
+  const auto good = frame(child_ep(0), hdr(Opcode::contrib, 9, 0, 3), {1, 2, 3});
+  Parsed p;
+  const auto check = [&](std::size_t off, std::uint8_t v, ParseError want) {
+    auto f = good;
+    f[off] = v;
+    EXPECT_EQ(parse_frame(f.data(), f.size(), kSwitch.ip, kSwitch.port, &p), want) << off;
+  };
+  check(12, 0x86, ParseError::not_ipv4);
+  check(14, 0x46, ParseError::ip_bad_header);
+  check(14 + 8, 63, ParseError::ip_bad_checksum);  // TTL changed, checksum not
+  check(14 + 20 + 2, 0x12, ParseError::wrong_port);
+  check(14 + 20 + 5, 0x00, ParseError::udp_bad_length);
+  check(42, 2, ParseError::bad_version);
+  EXPECT_EQ(parse_frame(good.data(), good.size(), kSwitch.ip + 1, kSwitch.port, &p),
+            ParseError::not_for_us);
+  EXPECT_EQ(parse_frame(nullptr, 100, kSwitch.ip, kSwitch.port, &p), ParseError::too_short);
+}
+
+TEST(Wire, SerialArithmeticWraps) {
+  EXPECT_TRUE(serial_after(1, 0));
+  EXPECT_TRUE(serial_after(0, 0xFFFFFFFF));
+  EXPECT_FALSE(serial_after(0xFFFFFFFF, 0));
+  EXPECT_FALSE(serial_after(5, 5));
+}
+
+TEST(Wire, PayloadSizes) {
+  EXPECT_TRUE(valid_payload_bytes(256));
+  EXPECT_TRUE(valid_payload_bytes(8192));
+  EXPECT_FALSE(valid_payload_bytes(128));
+  EXPECT_FALSE(valid_payload_bytes(16384));
+  EXPECT_FALSE(valid_payload_bytes(1000));
+}
+
+TEST(Counters, NamesComeFromTheXMacro) {
+  EXPECT_EQ(name(DropReason::bad_key), "bad_key");
+  EXPECT_EQ(name(Event::nack_sent), "nack_sent");
+  EXPECT_TRUE(nacks(DropReason::unknown_tree));
+  EXPECT_FALSE(nacks(DropReason::stale_chunk));
+  EXPECT_EQ(name(static_cast<DropReason>(200)), "?");
+  for (std::size_t i = 0; i < kNumDropReasons; ++i) {
+    EXPECT_FALSE(description(static_cast<DropReason>(i)).empty());
+  }
+}
+
+}  // namespace
+}  // namespace treeduce::dp

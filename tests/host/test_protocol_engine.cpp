@@ -1,0 +1,158 @@
+// The reference host protocol logic on its own: window, slot reuse, timers, result checks.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "treeduce/host/protocol_engine.h"
+
+namespace treeduce::host {
+namespace {
+
+using dp::bswap_be;
+
+EngineConfig cfg() {
+  EngineConfig c;
+  c.tree_id = 3;
+  c.key = 99;
+  c.child_index = 2;
+  c.world = 4;
+  c.slots = 2;
+  c.payload_bytes = 256;  // 64 f32
+  c.rto_initial_ns = 1000;
+  c.rto_max_ns = 8000;
+  c.max_retries = 5;
+  return c;
+}
+
+// The switch's answer to a packet: RESULT with the right fields unless told otherwise.
+dp::TdHdr result_for(const OutPacket& p, std::uint16_t ncontrib = 4) {
+  dp::TdHdr r = p.td;
+  r.opcode = static_cast<std::uint8_t>(dp::Opcode::result);
+  r.ncontrib = bswap_be(ncontrib);
+  return r;
+}
+
+TEST(ProtocolEngine, WindowSlotsAndCompletion) {
+  ProtocolEngine e(cfg());
+  std::vector<float> in(200), out(200, -1);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i);
+  ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
+  EXPECT_EQ(e.start(in.data(), out.data(), 1, DType::f32, ReduceOp::sum), Status::invalid);
+  OutPacket p[8];
+  ASSERT_EQ(e.poll(0, p, 8), 2u);  // window = 2 slots
+  EXPECT_EQ(bswap_be(p[0].td.chunk), 0u);
+  EXPECT_EQ(bswap_be(p[1].td.chunk), 1u);
+  EXPECT_EQ(bswap_be(p[1].td.slot), 1);
+  EXPECT_EQ(bswap_be(p[0].td.count), 64);
+  EXPECT_EQ(bswap_be(p[0].td.child), 2);
+  EXPECT_EQ(bswap_be(p[0].td.key), 99u);
+  EXPECT_EQ(p[0].payload_len, 256u);
+  EXPECT_EQ(e.poll(0, p, 8), 0u);
+  // Result of chunk 1 first: chunk 3 (slot 1, version 1) may go; chunk 2 still waits for slot 0.
+  e.on_packet(result_for(p[1]), p[1].payload, p[1].payload_len);
+  OutPacket q[8];
+  EXPECT_EQ(e.poll(10, q, 8), 0u);  // in order: chunk 2 needs slot 0
+  e.on_packet(result_for(p[0]), p[0].payload, p[0].payload_len);
+  ASSERT_EQ(e.poll(20, q, 8), 2u);
+  EXPECT_EQ(bswap_be(q[0].td.chunk), 2u);
+  EXPECT_EQ(q[0].td.slot_ver, 1);
+  EXPECT_EQ(bswap_be(q[1].td.chunk), 3u);
+  EXPECT_EQ(bswap_be(q[1].td.count), 200 - 3 * 64);  // the last, short chunk
+  EXPECT_EQ(q[1].payload_len, 8u * 4);
+  // A duplicate result of an old chunk changes nothing.
+  e.on_packet(result_for(p[0]), p[0].payload, p[0].payload_len);
+  EXPECT_EQ(e.stats().duplicates, 1u);
+  e.on_packet(result_for(q[0]), q[0].payload, q[0].payload_len);
+  e.on_packet(result_for(q[1]), q[1].payload, q[1].payload_len);
+  EXPECT_EQ(e.status(), Status::done);
+  EXPECT_EQ(out, in);  // the "result" echoed the payload
+  // The next collective continues the chunk stream and bumps the sequence.
+  ASSERT_EQ(e.start(in.data(), out.data(), 10, DType::f32, ReduceOp::sum), Status::running);
+  ASSERT_EQ(e.poll(30, p, 8), 1u);
+  EXPECT_EQ(bswap_be(p[0].td.chunk), 4u);
+  EXPECT_EQ(bswap_be(p[0].td.seq), 1u);
+}
+
+TEST(ProtocolEngine, RetransmitsWithExponentialBackoffThenTimesOut) {
+  ProtocolEngine e(cfg());
+  std::vector<float> in(10), out(10);
+  e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum);
+  OutPacket p[4];
+  ASSERT_EQ(e.poll(0, p, 4), 1u);
+  std::uint64_t t = 0;
+  std::vector<std::uint64_t> gaps;
+  for (int i = 0; i < 5; ++i) {
+    const std::uint64_t d = e.next_deadline();
+    gaps.push_back(d - t);
+    t = d;
+    EXPECT_EQ(e.poll(t - 1, p, 4), 0u);
+    ASSERT_EQ(e.poll(t, p, 4), 1u);
+  }
+  EXPECT_EQ(gaps, (std::vector<std::uint64_t>{1000, 2000, 4000, 8000, 8000}));
+  EXPECT_EQ(e.stats().retransmits, 5u);
+  EXPECT_EQ(e.poll(e.next_deadline(), p, 4), 0u);
+  EXPECT_EQ(e.status(), Status::timeout);
+}
+
+TEST(ProtocolEngine, NackFailsWithTheReason) {
+  ProtocolEngine e(cfg());
+  std::vector<float> in(10), out(10);
+  e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum);
+  OutPacket p[4];
+  ASSERT_EQ(e.poll(0, p, 4), 1u);
+  dp::TdHdr n = p[0].td;
+  n.opcode = static_cast<std::uint8_t>(dp::Opcode::nack);
+  n.reason = static_cast<std::uint8_t>(dp::DropReason::bad_key);
+  n.key = 0;
+  dp::TdHdr other = n;
+  other.chunk = bswap_be(std::uint32_t{7});  // not in flight: ignored
+  e.on_packet(other, nullptr, 0);
+  EXPECT_EQ(e.status(), Status::running);
+  e.on_packet(n, nullptr, 0);
+  EXPECT_EQ(e.status(), Status::refused);
+  EXPECT_EQ(e.nack_reason(), dp::DropReason::bad_key);
+}
+
+TEST(ProtocolEngine, ResultsAreChecked) {
+  const auto run = [](auto mutate) {
+    ProtocolEngine e(cfg());
+    std::vector<float> in(10), out(10);
+    e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum);
+    OutPacket p[4];
+    EXPECT_EQ(e.poll(0, p, 4), 1u);
+    dp::TdHdr r = result_for(p[0]);
+    std::size_t len = p[0].payload_len;
+    mutate(r, len);
+    std::vector<std::uint8_t> payload(len);
+    e.on_packet(r, payload.data(), len);
+    return e.status();
+  };
+  EXPECT_EQ(run([](dp::TdHdr&, std::size_t&) {}), Status::done);
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.ncontrib = bswap_be(std::uint16_t{3}); }),
+            Status::bad_result);
+  EXPECT_EQ(run([](dp::TdHdr&, std::size_t& l) { l -= 4; }), Status::bad_result);
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.dtype = 1; }), Status::bad_result);
+  // Not ours at all: ignored, still running.
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.key = 1; }), Status::running);
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.tree_id = 1; }), Status::running);
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.seq = bswap_be(std::uint32_t{5}); }),
+            Status::running);
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.child = 0; }), Status::running);
+}
+
+TEST(ProtocolEngine, InvalidStarts) {
+  EngineConfig c = cfg();
+  std::vector<float> b(4);
+  EXPECT_EQ(ProtocolEngine(c).start(b.data(), b.data(), 0, DType::f32, ReduceOp::sum),
+            Status::invalid);
+  c.slots = 3;
+  EXPECT_EQ(ProtocolEngine(c).start(b.data(), b.data(), 4, DType::f32, ReduceOp::sum),
+            Status::invalid);
+  c = cfg();
+  c.payload_bytes = 100;
+  EXPECT_EQ(ProtocolEngine(c).start(b.data(), b.data(), 4, DType::f32, ReduceOp::sum),
+            Status::invalid);
+}
+
+}  // namespace
+}  // namespace treeduce::host

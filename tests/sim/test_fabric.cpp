@@ -1,0 +1,294 @@
+// Fast properties of the switch core on the simulated fabric (unit suite).
+#include <gtest/gtest.h>
+
+#include "scenario.h"
+
+namespace treeduce::sim {
+namespace {
+
+LinkModel lossy(double loss, double dup = 0.02) {
+  LinkModel l;
+  l.loss = loss;
+  l.dup = dup;
+  l.delay_ns = 2000;
+  l.jitter_ns = 6000;  // larger than the delay: frames overtake each other
+  return l;
+}
+
+TEST(Fabric, LosslessSingleSwitch) {
+  Scenario s;
+  s.link = LinkModel{};
+  run_scenario(s);
+}
+
+// Every dtype x op on a two-level tree with loss, duplication and reordering.
+TEST(Fabric, EveryDtypeAndOpTwoLevelsLossy) {
+  for (DType d : kAllDTypes) {
+    for (ReduceOp o : kAllReduceOps) {
+      Scenario s;
+      s.dtype = d;
+      s.op = o;
+      s.fanins = {3, 4};
+      s.link = lossy(0.05);
+      s.seed = 100 + static_cast<unsigned>(d) * 3 + static_cast<unsigned>(o);
+      run_scenario(s);
+    }
+  }
+}
+
+TEST(Fabric, ThreeLevelsTenPercentLoss) {
+  Scenario s;
+  s.dtype = DType::bf16;
+  s.fanins = {2, 3, 2};
+  s.link = lossy(0.10, 0.05);
+  s.seed = 5;
+  s.bytes = 16384;
+  s.collectives = 3;
+  FabricStats st;
+  run_scenario(s, &st);
+  // The links really did lose and duplicate (a check on the test itself).
+  EXPECT_GT(st.lost, st.sent / 20);
+  EXPECT_GT(st.duplicated, st.sent / 50);
+}
+
+TEST(Fabric, FanIn64AndFanIn1) {
+  Scenario s;
+  s.dtype = DType::e4m3;
+  s.fanins = {64};
+  s.link = lossy(0.02);
+  s.bytes = 1024;
+  run_scenario(s);
+  s.fanins = {1, 1, 1};
+  s.dtype = DType::i32;
+  run_scenario(s);
+}
+
+TEST(Fabric, IrregularTree) {
+  Fabric fab(9, lossy(0.05));
+  // root: a host, a leaf with 3 hosts, an inner switch over a leaf with 1 host and a host.
+  TopoNode leaf1{fab.add_switch(), {TopoNode{}, TopoNode{}, TopoNode{}}};
+  TopoNode leaf2{fab.add_switch(), {TopoNode{}}};
+  TopoNode inner{fab.add_switch(), {leaf2, TopoNode{}}};
+  TopoNode root{fab.add_switch(), {TopoNode{}, leaf1, inner}};
+  Scenario s;
+  s.dtype = DType::f16;
+  std::mt19937_64 rng(3);
+  const JobSpec spec = make_job(s, root, rng);
+  ASSERT_EQ(fab.add_job(spec), 0);
+  ASSERT_TRUE(fab.run());
+  expect_results(fab, 0, "irregular");
+  expect_exact_counts(fab, fab.job(0), fab.job(0).root, true, "irregular");
+}
+
+// Deterministic mode: non-integer data, so that the order of additions matters; the result must
+// be bit-identical to the child-order reference for every loss/reorder pattern.
+TEST(Fabric, DeterministicBitIdenticalOver20Seeds) {
+  for (DType d : {DType::f32, DType::bf16}) {
+    std::vector<std::vector<std::uint8_t>> first;
+    for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+      Scenario s;
+      s.dtype = d;
+      s.fanins = {3, 3};
+      s.deterministic = true;
+      s.exact = false;
+      s.link = lossy(0.05, 0.05);
+      s.seed = seed;
+      s.bytes = 1024;
+      const auto out = run_scenario(s);
+      if (seed == 1) first = out;
+      EXPECT_EQ(out, first) << "seed " << seed;
+    }
+  }
+}
+
+// Normal mode with the same non-integer data really does depend on order: the test above would
+// catch a deterministic mode that was not.
+TEST(Fabric, NormalModeIsOrderDependentOnInexactData) {
+  int differs = 0;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    Scenario s;
+    s.fanins = {8};
+    s.exact = false;
+    s.link = lossy(0.0, 0.0);
+    s.seed = seed;
+    Fabric fab(s.seed, s.link);
+    std::mt19937_64 rng(s.data_seed);
+    TopoNode root = build_tree(fab, s.fanins);
+    const JobSpec spec = make_job(s, root, rng);
+    ASSERT_EQ(fab.add_job(spec), 0);
+    ASSERT_TRUE(fab.run());
+    if (fab.hosts(0)[0]->outputs[0] != reference(spec, 0)) ++differs;
+  }
+  EXPECT_GT(differs, 0);
+}
+
+// Two jobs share both switches of a two-level fabric: different trees, keys, dtypes, ops and
+// modes. Each gets exactly its own reference.
+TEST(Fabric, ConcurrentJobsOnSharedSwitches) {
+  Fabric fab(77, lossy(0.05));
+  const int root = fab.add_switch();
+  const int leaf_a = fab.add_switch();
+  const int leaf_b = fab.add_switch();
+  std::mt19937_64 rng(1);
+  Scenario a;
+  a.tree_id = 10;
+  a.key = 0xAAAA;
+  a.dtype = DType::f32;
+  Scenario b;
+  b.tree_id = 11;
+  b.key = 0xBBBB;
+  b.dtype = DType::i32;
+  b.op = ReduceOp::max;
+  b.deterministic = true;
+  b.slots = 2;
+  const TopoNode ta{root,
+                    {TopoNode{leaf_a, {TopoNode{}, TopoNode{}}}, TopoNode{leaf_b, {TopoNode{}}}}};
+  const TopoNode tb{
+      root,
+      {TopoNode{leaf_b, {TopoNode{}, TopoNode{}, TopoNode{}}}, TopoNode{leaf_a, {TopoNode{}}}}};
+  ASSERT_EQ(fab.add_job(make_job(a, ta, rng)), 0);
+  ASSERT_EQ(fab.add_job(make_job(b, tb, rng)), 1);
+  ASSERT_TRUE(fab.run());
+  expect_results(fab, 0, "job a");
+  expect_results(fab, 1, "job b");
+  expect_exact_counts(fab, fab.job(0), fab.job(0).root, true, "job a");
+  expect_exact_counts(fab, fab.job(1), fab.job(1).root, true, "job b");
+}
+
+std::vector<std::uint8_t> frame_from(const dp::Endpoint& src, const dp::Endpoint& dst,
+                                     const dp::TdHdr& td, std::size_t payload_len) {
+  std::vector<std::uint8_t> f(dp::kFrameHeaderBytes + payload_len);
+  std::vector<std::uint8_t> payload(payload_len, 0x3C);
+  dp::build_frame(f.data(), src, dst, td, payload.data(), payload_len);
+  return f;
+}
+
+dp::TdHdr contrib_hdr(std::uint16_t tree, std::uint64_t key, std::uint32_t chunk,
+                      std::uint32_t slots, std::uint32_t seq, std::uint16_t child,
+                      std::uint16_t count) {
+  dp::TdHdr h{};
+  h.version = dp::kProtocolVersion;
+  h.opcode = static_cast<std::uint8_t>(dp::Opcode::contrib);
+  h.dtype = static_cast<std::uint8_t>(DType::f32);
+  h.tree_id = dp::bswap_be(tree);
+  h.child = dp::bswap_be(child);
+  h.slot = dp::bswap_be(static_cast<std::uint16_t>(chunk % slots));
+  h.slot_ver = static_cast<std::uint8_t>((chunk / slots) % 2);
+  h.count = dp::bswap_be(count);
+  h.ncontrib = dp::bswap_be(std::uint16_t{1});
+  h.chunk = dp::bswap_be(chunk);
+  h.seq = dp::bswap_be(seq);
+  h.key = dp::bswap_be(key);
+  return h;
+}
+
+// Wrong key, unknown tree (mid-run, from outside) and stale collectives (from a member's address,
+// after the run) are dropped and counted, and never change a result or a slot.
+TEST(Fabric, InjectedBadTrafficIsCountedAndHarmless) {
+  Scenario s;
+  s.fanins = {4};
+  s.link = lossy(0.03);
+  s.slots = 4;
+  Fabric fab(s.seed, s.link);
+  std::mt19937_64 rng(s.data_seed);
+  TopoNode root = build_tree(fab, s.fanins);
+  const JobSpec spec = make_job(s, root, rng);
+  ASSERT_EQ(fab.add_job(spec), 0);
+  const dp::Endpoint rogue = Fabric::rogue_addr();
+  const dp::Endpoint sw = fab.switch_addr(0);
+  const std::uint16_t n = 64;
+  for (std::uint64_t t = 1000; t < 200'000; t += 20'000) {
+    const auto chunk = static_cast<std::uint32_t>(t / 20'000);
+    fab.inject(0, frame_from(rogue, sw, contrib_hdr(s.tree_id, 0xBAD, chunk, 4, 0, 0, n), 4 * n),
+               t);
+    fab.inject(0, frame_from(rogue, sw, contrib_hdr(999, s.key, chunk, 4, 0, 0, n), 4 * n), t);
+  }
+  ASSERT_TRUE(fab.run());
+  expect_results(fab, 0, "injected");
+  expect_exact_counts(fab, fab.job(0), fab.job(0).root, true, "injected", false);
+  EXPECT_EQ(fab.core(0).tree_counters(s.tree_id)->drop(dp::DropReason::bad_key), 10u);
+  const dp::Counters& c = fab.core(0).counters();
+  EXPECT_EQ(c.drop(dp::DropReason::bad_key), 10u);
+  EXPECT_EQ(c.drop(dp::DropReason::unknown_tree), 10u);
+  EXPECT_EQ(c.event(dp::Event::nack_sent), 20u);  // NACKs to the rogue address
+
+  // After the run: a member's packets from the first collective (seq 0) are stale now.
+  const auto* h0 = fab.hosts(0)[0];
+  const std::uint32_t last = static_cast<std::uint32_t>(total_chunks(spec) - 1);
+  dp::SlotView before;
+  ASSERT_EQ(fab.core(0).slot_view(s.tree_id, last % 4, (last / 4) % 2, &before), 0);
+  const auto stale_seq_before = c.drop(dp::DropReason::stale_seq);
+  const auto stale_chunk_before = c.drop(dp::DropReason::stale_chunk);
+  // Same chunk as the slot holds, older collective: stale_seq.
+  fab.inject(0, frame_from(h0->addr, sw, contrib_hdr(s.tree_id, s.key, last, 4, 0, 0, n), 4 * n),
+             fab.now() + 10);
+  // An old chunk of the first collective: stale_chunk.
+  fab.inject(0, frame_from(h0->addr, sw, contrib_hdr(s.tree_id, s.key, 1, 4, 0, 0, n), 4 * n),
+             fab.now() + 10);
+  // A newer chunk carrying an older collective sequence: stale_seq, the slot is not reset.
+  fab.inject(0,
+             frame_from(h0->addr, sw, contrib_hdr(s.tree_id, s.key, last + 4, 4, 0, 0, n), 4 * n),
+             fab.now() + 10);
+  fab.run(fab.now() + 1'000'000);
+  EXPECT_EQ(c.drop(dp::DropReason::stale_seq), stale_seq_before + 2);
+  EXPECT_EQ(c.drop(dp::DropReason::stale_chunk), stale_chunk_before + 1);
+  dp::SlotView after;
+  ASSERT_EQ(fab.core(0).slot_view(s.tree_id, last % 4, (last / 4) % 2, &after), 0);
+  EXPECT_EQ(after.chunk, before.chunk);
+  EXPECT_EQ(after.bitmap, before.bitmap);
+  EXPECT_EQ(after.ncontrib, before.ncontrib);
+  dp::SlotView next;
+  ASSERT_EQ(fab.core(0).slot_view(s.tree_id, (last + 4) % 4, ((last + 4) / 4) % 2, &next), 0);
+  EXPECT_NE(next.chunk, last + 4);
+}
+
+// A second job's trees are installed on the switches while the first job's packets flow; both
+// jobs end with exact results.
+TEST(Fabric, TreeInstalledWhileAnotherJobRuns) {
+  Fabric fab(21, lossy(0.05));
+  const int root = fab.add_switch();
+  const int leaf = fab.add_switch();
+  std::mt19937_64 rng(4);
+  Scenario a;
+  a.tree_id = 1;
+  a.bytes = 32 * 1024;
+  Scenario b;
+  b.tree_id = 2;
+  b.key = 0xB;
+  b.dtype = DType::bf16;
+  b.op = ReduceOp::min;
+  const TopoNode ta{root, {TopoNode{leaf, {TopoNode{}, TopoNode{}}}, TopoNode{}}};
+  const TopoNode tb{root, {TopoNode{}, TopoNode{leaf, {TopoNode{}, TopoNode{}, TopoNode{}}}}};
+  ASSERT_EQ(fab.add_job(make_job(a, ta, rng)), 0);
+  ASSERT_FALSE(fab.run(100'000));  // job a is mid-flight
+  ASSERT_GT(fab.core(root).tree_counters(1)->event(dp::Event::result_multicast), 0u);
+  ASSERT_EQ(fab.add_job(make_job(b, tb, rng)), 1);
+  ASSERT_TRUE(fab.run());
+  expect_results(fab, 0, "job a");
+  expect_results(fab, 1, "job b");
+  expect_exact_counts(fab, fab.job(0), fab.job(0).root, true, "job a");
+  expect_exact_counts(fab, fab.job(1), fab.job(1).root, true, "job b");
+}
+
+// A tree removed while its packets flow: the rest are dropped as unknown_tree and NACKed, and the
+// hosts learn why.
+TEST(Fabric, TreeRemovedWhileRunningRefusesHosts) {
+  Scenario s;
+  s.fanins = {2};
+  s.bytes = 64 * 1024;
+  Fabric fab(1, LinkModel{});
+  std::mt19937_64 rng(1);
+  TopoNode root = build_tree(fab, s.fanins);
+  ASSERT_EQ(fab.add_job(make_job(s, root, rng)), 0);
+  ASSERT_FALSE(fab.run(20'000));  // stop early
+  ASSERT_EQ(fab.core(0).remove_tree(s.tree_id), 0);
+  ASSERT_FALSE(fab.run());
+  for (const HostNode* h : fab.hosts(0)) {
+    EXPECT_EQ(h->final_status, host::Status::refused);
+    EXPECT_EQ(h->engine->nack_reason(), dp::DropReason::unknown_tree);
+  }
+  EXPECT_GT(fab.core(0).counters().drop(dp::DropReason::unknown_tree), 0u);
+}
+
+}  // namespace
+}  // namespace treeduce::sim

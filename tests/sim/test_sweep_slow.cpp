@@ -1,0 +1,57 @@
+// The long sweep (slow suite): bigger trees (up to 512 hosts), ten loss patterns per case, more
+// chunks per collective. Same checks as the integration sweep.
+#include <gtest/gtest.h>
+
+#include "scenario.h"
+
+namespace treeduce::sim {
+namespace {
+
+TEST(SlowSweep, BigTreesManySeeds) {
+  const std::vector<std::vector<int>> shapes = {{64, 4}, {16, 16}, {8, 8, 8}, {4, 64}, {64}};
+  std::uint64_t seed = 50000;
+  for (const auto& shape : shapes) {
+    for (DType d : kAllDTypes) {
+      for (ReduceOp o : kAllReduceOps) {
+        Scenario s;
+        s.dtype = d;
+        s.op = o;
+        s.fanins = shape;
+        s.bytes = 4096;
+        s.collectives = 2;
+        s.link.loss = 0.10;
+        s.link.dup = 0.05;
+        s.link.jitter_ns = 10000;
+        s.slots = 8;
+        s.seed = seed++;
+        s.deterministic = (seed % 2) == 0;
+        run_scenario(s);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(SlowSweep, ManySeedsSmallTrees) {
+  for (std::uint64_t seed = 1; seed <= 300; ++seed) {
+    Scenario s;
+    s.dtype = kAllDTypes[seed % kNumDTypes];
+    s.op = kAllReduceOps[(seed / kNumDTypes) % kNumReduceOps];
+    s.fanins = seed % 3 == 0 ? std::vector<int>{3, 2, 3} : std::vector<int>{5, 3};
+    s.link.loss = 0.01 * static_cast<double>(seed % 11);
+    s.link.dup = 0.05;
+    s.link.jitter_ns = 7000;
+    s.slots = 1u << (seed % 4);
+    s.payload_bytes = 256u << (seed % 3);
+    s.bytes = 3 * s.payload_bytes * s.slots + 40;
+    s.collectives = 3;
+    s.deterministic = seed % 4 == 0;
+    s.seed = seed;
+    s.data_seed = seed;
+    run_scenario(s);
+    if (HasFatalFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace treeduce::sim
