@@ -10,6 +10,9 @@ TREEDUCE_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev clang-format
   # fuzzing (libFuzzer comes with clang's runtime)
   clang libclang-rt-14-dev
+  # the Aggregation Manager: gRPC and protobuf, topology YAML, SQLite state, oneTBB, CLI11, JSON
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libyaml-cpp-dev libsqlite3-dev libtbb-dev libcli11-dev nlohmann-json3-dev
 )
 
 treeduce_install_deps() {

@@ -1,0 +1,90 @@
+// treeduce-manager: the Aggregation Manager daemon (docs/manager.md).
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "grpc_edge.h"
+
+using namespace treeduce::ctl;
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"treeduce-manager: allocates and installs in-network aggregation trees"};
+  std::string topo_path, listen = "127.0.0.1:9300", port_file, db_path;
+  std::uint64_t lease_ms = 10000, switch_lease_ms = 10000, restore_grace_ms = 15000;
+  bool no_registration = false;
+  app.add_option("-t,--topology", topo_path, "topology YAML file (docs/manager.md)")->required();
+  app.add_option("-l,--listen", listen, "gRPC address; port 0 picks one")->capture_default_str();
+  app.add_option("--port-file", port_file, "write the bound port here once listening");
+  app.add_option("--db", db_path,
+                 "SQLite file for jobs, trees and switches; without it a restart forgets them");
+  app.add_option("--lease-ms", lease_ms, "rank lease")->capture_default_str();
+  app.add_option("--switch-lease-ms", switch_lease_ms, "switch heartbeat lease")
+      ->capture_default_str();
+  app.add_option("--restore-grace-ms", restore_grace_ms,
+                 "after a restart, how long ranks and switches have to check in again")
+      ->capture_default_str();
+  app.add_flag("--no-registration", no_registration,
+               "allocate on switches that have not registered (installs then fail unless an "
+               "agent address is known)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto topo = load_topology_file(topo_path);
+  if (!topo.ok()) {
+    std::cerr << "treeduce-manager: " << topo.status().message() << "\n";
+    return 2;
+  }
+  std::unique_ptr<Store> store;
+  if (!db_path.empty()) {
+    auto st = open_sqlite_store(db_path);
+    if (!st.ok()) {
+      std::cerr << "treeduce-manager: " << st.status().message() << "\n";
+      return 2;
+    }
+    store = std::move(st.value());
+  } else {
+    std::cerr << "treeduce-manager: no --db: jobs and trees will not survive a restart\n";
+  }
+  GrpcSwitchClient client;
+  RegistryOptions opt;
+  opt.store = store.get();
+  opt.lease_ms = lease_ms;
+  opt.switch_lease_ms = switch_lease_ms;
+  opt.restore_grace_ms = restore_grace_ms;
+  opt.require_registration = !no_registration;
+  JobRegistry reg(*topo, client, opt);
+  // Restore before listening: a rank's heartbeat must never find its job missing.
+  auto restored = reg.restore();
+  if (!restored.ok()) {
+    std::cerr << "treeduce-manager: " << restored.status().message() << "\n";
+    return 2;
+  }
+  if (*restored) std::cerr << "treeduce-manager: restored " << *restored << " jobs\n";
+  const int sweep_ms = int(std::max<std::uint64_t>(10, std::min(lease_ms, switch_lease_ms) / 4));
+  ManagerServer server(reg, listen, sweep_ms);
+  if (!server.ok()) {
+    std::cerr << "treeduce-manager: cannot listen on " << listen << "\n";
+    return 1;
+  }
+  std::cerr << "treeduce-manager: " << topo->switches.size() << " switches, " << topo->hosts.size()
+            << " hosts; listening on port " << server.port() << "\n";
+  if (!port_file.empty()) {
+    // Written to a temporary name and renamed, so a reader never sees half a number.
+    std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << server.port() << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  server.shutdown();
+  std::cerr << "treeduce-manager: stopped\n";
+  return 0;
+}

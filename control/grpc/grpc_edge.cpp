@@ -1,0 +1,311 @@
+#include "grpc_edge.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace treeduce::ctl {
+
+namespace pb = treeduce::control::v1;
+
+grpc::Status to_grpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+}
+
+Status from_grpc(const grpc::Status& s) {
+  if (s.ok()) return Status::Ok();
+  return Status(static_cast<Code>(s.error_code()), s.error_message());
+}
+
+void to_proto(const TreeInstall& t, pb::TreeInstall* p) {
+  p->set_switch_name(t.switch_name);
+  p->set_job(t.job);
+  p->set_tree_id(t.tree_id);
+  p->set_key(t.key);
+  p->set_role(static_cast<pb::TreeInstall::Role>(t.role));
+  if (t.role != NodeRole::root) {
+    p->mutable_parent()->set_ip(t.parent.ip);
+    p->mutable_parent()->set_port(t.parent.port);
+  }
+  p->set_index_at_parent(t.index_at_parent);
+  for (const auto& c : t.children) {
+    auto* pc = p->add_children();
+    pc->mutable_addr()->set_ip(c.addr.ip);
+    pc->mutable_addr()->set_port(c.addr.port);
+    pc->set_hosts(c.hosts);
+  }
+  p->set_slots(t.slots);
+  p->set_payload_bytes(t.payload_bytes);
+  p->set_dtype_mask(t.dtype_mask);
+  p->set_op_mask(t.op_mask);
+  p->set_deterministic(t.deterministic);
+}
+
+TreeInstall from_proto(const pb::TreeInstall& p) {
+  TreeInstall t;
+  t.switch_name = p.switch_name();
+  t.job = p.job();
+  t.tree_id = std::uint16_t(p.tree_id());
+  t.key = p.key();
+  t.role = static_cast<NodeRole>(p.role());
+  t.parent = {p.parent().ip(), std::uint16_t(p.parent().port())};
+  t.index_at_parent = std::uint16_t(p.index_at_parent());
+  for (const auto& c : p.children())
+    t.children.push_back(
+        {{c.addr().ip(), std::uint16_t(c.addr().port())}, std::uint16_t(c.hosts())});
+  t.slots = p.slots();
+  t.payload_bytes = p.payload_bytes();
+  t.dtype_mask = std::uint8_t(p.dtype_mask());
+  t.op_mask = std::uint8_t(p.op_mask());
+  t.deterministic = p.deterministic();
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+pb::SwitchAgent::Stub* GrpcSwitchClient::stub(const std::string& agent) {
+  std::lock_guard lock(mu_);
+  auto& s = stubs_[agent];
+  if (!s)
+    s = pb::SwitchAgent::NewStub(grpc::CreateChannel(agent, grpc::InsecureChannelCredentials()));
+  return s.get();
+}
+
+Status GrpcSwitchClient::install(const std::string& agent, const TreeInstall& t) {
+  if (agent.empty()) return unavailable("the switch has no agent address");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms_));
+  pb::TreeInstall req;
+  to_proto(t, &req);
+  pb::AgentReply rep;
+  return from_grpc(stub(agent)->InstallTree(&ctx, req, &rep));
+}
+
+Status GrpcSwitchClient::remove(const std::string& agent, const std::string& switch_name,
+                                std::uint16_t tree_id) {
+  if (agent.empty()) return unavailable("the switch has no agent address");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms_));
+  pb::TreeRemove req;
+  req.set_switch_name(switch_name);
+  req.set_tree_id(tree_id);
+  pb::AgentReply rep;
+  return from_grpc(stub(agent)->RemoveTree(&ctx, req, &rep));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::uint32_t kDefaultWaitMs = 30000;
+constexpr std::uint32_t kMaxWaitMs = 600000;
+
+pb::JobState to_proto(JobState s) { return static_cast<pb::JobState>(s); }
+
+void to_proto(const ResourceProfile& p, pb::Resources* r) {
+  r->set_profile(p.name);
+  r->set_max_trees(p.max_trees);
+  r->set_max_slots(p.max_slots);
+  r->set_max_payload_bytes(p.max_payload_bytes);
+  r->set_memory_bytes(p.memory_bytes);
+  r->set_max_children(p.max_children);
+  r->set_dtype_mask(p.dtype_mask);
+  r->set_op_mask(p.op_mask);
+  r->set_deterministic(p.deterministic);
+}
+
+}  // namespace
+
+class ManagerServer::Jobs final : public pb::JobService::Service {
+ public:
+  explicit Jobs(JobRegistry& r) : reg_(r) {}
+
+  grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
+                    pb::JoinReply* rep) override {
+    if (req->port() == 0 || req->port() > 65535)
+      return to_grpc(invalid_argument("Port " + std::to_string(req->port()) +
+                                      " is not a UDP port (1..65535)."));
+    if (req->dtype_mask() > 0xFF || req->op_mask() > 0xFF)
+      return to_grpc(invalid_argument("The dtype or op mask names types that do not exist."));
+    JoinArgs a;
+    a.job = req->job();
+    a.rank = req->rank();
+    a.world = req->world_size();
+    a.host = req->host();
+    a.port = std::uint16_t(req->port());
+    a.slots = req->slots() ? req->slots() : 16;
+    a.payload_bytes = req->payload_bytes() ? req->payload_bytes() : 1024;
+    a.dtype_mask = std::uint8_t(req->dtype_mask());
+    a.op_mask = std::uint8_t(req->op_mask());
+    a.deterministic = req->deterministic();
+    // Wait no longer than the caller will listen.
+    std::uint64_t wait = std::min(req->wait_ms() ? req->wait_ms() : kDefaultWaitMs, kMaxWaitMs);
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    ctx->deadline() - std::chrono::system_clock::now())
+                    .count();
+    if (left > 0) wait = std::min<std::uint64_t>(wait, std::uint64_t(left));
+    auto r = reg_.join(a, wait);
+    if (!r.ok()) return to_grpc(r.status());
+    auto* as = rep->mutable_assignment();
+    as->set_tree_id(r->tree_id);
+    as->set_leaf_switch(r->leaf_switch);
+    as->set_leaf_address(to_string(r->leaf));
+    as->set_child_index(r->child_index);
+    as->set_slots(r->slots);
+    as->set_payload_bytes(r->payload_bytes);
+    as->set_job_key(r->key);
+    as->set_dtype_mask(r->dtype_mask);
+    as->set_op_mask(r->op_mask);
+    as->set_deterministic(r->deterministic);
+    as->set_depth(r->depth);
+    as->set_lease_ms(r->lease_ms);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req,
+                         pb::HeartbeatReply* rep) override {
+    auto v = reg_.heartbeat(req->job(), req->rank());
+    if (!v.ok()) return to_grpc(v.status());
+    rep->set_state(to_proto(v->state));
+    rep->set_reason(v->reason);
+    rep->set_lease_ms(reg_.lease_ms());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Leave(grpc::ServerContext*, const pb::LeaveRequest* req, pb::LeaveReply*) override {
+    return to_grpc(reg_.leave(req->job(), req->rank()));
+  }
+
+ private:
+  JobRegistry& reg_;
+};
+
+class ManagerServer::Switches final : public pb::SwitchRegistry::Service {
+ public:
+  explicit Switches(JobRegistry& r) : reg_(r) {}
+
+  grpc::Status Register(grpc::ServerContext*, const pb::RegisterRequest* req,
+                        pb::RegisterReply* rep) override {
+    std::optional<ResourceProfile> limits;
+    if (req->has_resources()) {
+      const auto& r = req->resources();
+      if (r.dtype_mask() > 0x3F || r.op_mask() > 0x07)
+        return to_grpc(
+            invalid_argument("The switch reports element types or operations that "
+                             "do not exist."));
+      ResourceProfile p;
+      p.name = r.profile().empty() ? "reported" : r.profile();
+      p.max_trees = r.max_trees();
+      p.max_slots = r.max_slots();
+      p.max_payload_bytes = r.max_payload_bytes();
+      p.memory_bytes = r.memory_bytes();
+      p.max_children = r.max_children();
+      p.dtype_mask = std::uint8_t(r.dtype_mask());
+      p.op_mask = std::uint8_t(r.op_mask());
+      p.deterministic = r.deterministic();
+      limits = p;
+    }
+    Status s = reg_.register_switch(req->name(), req->agent_address(), limits);
+    if (!s.ok()) return to_grpc(s);
+    rep->set_lease_ms(reg_.switch_lease_ms());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status SwitchHeartbeat(grpc::ServerContext*, const pb::SwitchHeartbeatRequest* req,
+                               pb::SwitchHeartbeatReply* rep) override {
+    Status s = reg_.switch_heartbeat(req->name());
+    if (!s.ok()) return to_grpc(s);
+    rep->set_lease_ms(reg_.switch_lease_ms());
+    return grpc::Status::OK;
+  }
+
+ private:
+  JobRegistry& reg_;
+};
+
+class ManagerServer::Queries final : public pb::Query::Service {
+ public:
+  Queries(JobRegistry& r, const Topology& t) : reg_(r), topo_(t) {}
+
+  grpc::Status ListJobs(grpc::ServerContext*, const pb::ListRequest*, pb::JobList* rep) override {
+    for (const JobView& v : reg_.jobs()) {
+      auto* j = rep->add_jobs();
+      j->set_job(v.job);
+      j->set_state(to_proto(v.state));
+      j->set_reason(v.reason);
+      j->set_world_size(v.world);
+      j->set_joined(v.joined);
+      if (v.tree) {
+        j->set_tree_id(v.tree->tree_id);
+        j->set_depth(v.tree->depth);
+        j->set_slots(v.tree->slots);
+        j->set_payload_bytes(v.tree->payload_bytes);
+        for (const auto& n : v.tree->nodes) j->add_switches(topo_.switches[n.sw].name);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListSwitches(grpc::ServerContext*, const pb::ListRequest*,
+                            pb::SwitchList* rep) override {
+    for (const SwitchView& v : reg_.switches()) {
+      auto* s = rep->add_switches();
+      s->set_name(topo_.switches[v.index].name);
+      s->set_level(topo_.switches[v.index].level);
+      s->set_up(v.up);
+      s->set_registered(v.registered);
+      s->set_agent_address(v.agent);
+      to_proto(v.profile, s->mutable_resources());
+      s->set_trees_used(v.used.trees);
+      s->set_slots_used(v.used.slots);
+      s->set_bytes_used(v.used.bytes);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  JobRegistry& reg_;
+  const Topology& topo_;
+};
+
+ManagerServer::ManagerServer(JobRegistry& reg, const std::string& listen, int sweep_ms)
+    : reg_(reg),
+      jobs_(std::make_unique<Jobs>(reg)),
+      switches_(std::make_unique<Switches>(reg)),
+      queries_(std::make_unique<Queries>(reg, reg.topology())) {
+  grpc::ServerBuilder b;
+  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
+  b.RegisterService(jobs_.get());
+  b.RegisterService(switches_.get());
+  b.RegisterService(queries_.get());
+  server_ = b.BuildAndStart();
+  if (!server_ || port_ == 0) {
+    server_.reset();
+    return;
+  }
+  sweeper_ = std::thread([this, sweep_ms] {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(sweep_ms));
+      if (stop_) break;
+      lock.unlock();
+      reg_.sweep();
+      lock.lock();
+    }
+  });
+}
+
+void ManagerServer::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    if (stop_.exchange(true)) return;
+  }
+  cv_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+  reg_.close();  // joins blocked in the registry return now
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+ManagerServer::~ManagerServer() { shutdown(); }
+
+}  // namespace treeduce::ctl

@@ -1,0 +1,232 @@
+/// @file
+/// The job registry: ranks join jobs, the registry allocates and installs trees, leases expire,
+/// switches register and fail. Pure C++: the gRPC edge (control/grpc/) translates calls and
+/// Status codes; switches are reached through the SwitchClient interface so that tests can run
+/// the registry against in-process agents.
+///
+/// Thread-safe: one mutex guards everything. Tree installs run under it (bounded by the
+/// client's deadline), which serialises allocations; joins of other jobs wait meanwhile.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "treeduce/control/allocator.h"
+#include "treeduce/control/status.h"
+#include "treeduce/control/store.h"
+#include "treeduce/control/topology.h"
+
+namespace treeduce::ctl {
+
+/// One child of a tree on one switch, ready for the switch (dp::ChildConfig).
+struct InstallChild {
+  Address addr;
+  std::uint16_t hosts = 1;  ///< ranks below this child
+};
+
+/// One tree on one switch (mirrors dp::TreeConfig plus the switch's name).
+struct TreeInstall {
+  std::string switch_name;
+  std::string job;
+  std::uint16_t tree_id = 0;
+  std::uint64_t key = 0;
+  NodeRole role = NodeRole::root;
+  Address parent;
+  std::uint16_t index_at_parent = 0;
+  std::vector<InstallChild> children;
+  std::uint32_t slots = 0;
+  std::uint32_t payload_bytes = 0;
+  std::uint8_t dtype_mask = 0;
+  std::uint8_t op_mask = 0;
+  bool deterministic = false;
+  bool operator==(const TreeInstall&) const = default;
+};
+inline bool operator==(const InstallChild& a, const InstallChild& b) {
+  return a.addr == b.addr && a.hosts == b.hosts;
+}
+
+/// How the registry reaches switch agents. Implementations must bound every call's time.
+class SwitchClient {
+ public:
+  virtual ~SwitchClient() = default;
+  /// unavailable/deadline_exceeded mean the switch is unreachable (it is marked down).
+  virtual Status install(const std::string& agent, const TreeInstall& t) = 0;
+  virtual Status remove(const std::string& agent, const std::string& switch_name,
+                        std::uint16_t tree_id) = 0;
+};
+
+/// What a rank sends to join.
+struct JoinArgs {
+  std::string job;
+  std::uint32_t rank = 0;
+  std::uint32_t world = 0;
+  std::string host;  ///< name or dotted IPv4
+  std::uint16_t port = 0;
+  std::uint32_t slots = 16;
+  std::uint32_t payload_bytes = 1024;
+  std::uint8_t dtype_mask = 0;
+  std::uint8_t op_mask = 0;
+  bool deterministic = false;
+};
+
+/// What a rank gets back.
+struct RankAssignment {
+  std::uint16_t tree_id = 0;
+  std::string leaf_switch;
+  Address leaf;
+  std::uint16_t child_index = 0;
+  std::uint32_t slots = 0;
+  std::uint32_t payload_bytes = 0;
+  std::uint64_t key = 0;
+  std::uint8_t dtype_mask = 0;
+  std::uint8_t op_mask = 0;
+  bool deterministic = false;
+  std::uint32_t depth = 0;
+  std::uint64_t lease_ms = 0;
+};
+
+enum class JobState : std::uint8_t { gathering = 1, running = 2, refused = 3, failed = 4 };
+std::string_view name(JobState s) noexcept;
+
+/// Snapshot of a job for queries.
+struct JobView {
+  std::string job;
+  JobState state = JobState::gathering;
+  std::string reason;
+  std::uint32_t world = 0;
+  std::uint32_t joined = 0;
+  std::optional<Allocation> tree;
+};
+
+/// Snapshot of a switch for queries.
+struct SwitchView {
+  std::uint32_t index = 0;
+  bool up = false;
+  bool registered = false;
+  std::string agent;
+  ResourceProfile profile;
+  Usage used;
+};
+
+/// Settings.
+struct RegistryOptions {
+  std::uint64_t lease_ms = 10000;         ///< rank lease
+  std::uint64_t switch_lease_ms = 10000;  ///< switch heartbeat lease
+  /// Switches take trees only once registered. Off for tests that need no agents.
+  bool require_registration = true;
+  /// Milliseconds on a monotonic clock; tests substitute their own.
+  std::function<std::int64_t()> clock;
+  std::uint32_t max_world = 65535;  ///< a child's rank count is 16 bits on the wire
+  std::uint32_t max_jobs = 16384;   ///< live jobs, gathering or not: bounds hostile joiners
+  /// Where every change is written before the call that made it returns; nullptr = memory only.
+  Store* store = nullptr;
+  /// After a restart, ranks and switches get at least this long to check in again: agents and
+  /// hosts back off while the manager is away (gRPC reconnects after up to seconds).
+  std::uint64_t restore_grace_ms = 15000;
+};
+
+/// The job registry.
+class JobRegistry {
+ public:
+  JobRegistry(const Topology& topo, SwitchClient& client, RegistryOptions opt = {});
+
+  /// Joins and waits up to `wait_ms` for the assignment (see JobService.Join in the .proto).
+  Result<RankAssignment> join(const JoinArgs& a, std::uint64_t wait_ms);
+  /// Renews a lease. not_found when the rank is not in the job.
+  Result<JobView> heartbeat(const std::string& job, std::uint32_t rank);
+  /// A rank leaves; the last one out ends the job and removes its tree.
+  Status leave(const std::string& job, std::uint32_t rank);
+
+  /// A switch agent announces itself (and optionally its real limits).
+  Status register_switch(const std::string& name, const std::string& agent,
+                         const std::optional<ResourceProfile>& limits);
+  Status switch_heartbeat(const std::string& name);
+  /// Marks a switch failed: its jobs fail (ranks are told through heartbeats) and free their
+  /// trees on the other switches.
+  Status fail_switch(const std::string& name, const std::string& why);
+
+  /// Loads jobs, trees and switches from the store after a restart. Trees are re-reserved
+  /// (Allocator::adopt) but not re-installed: the switches still hold them and their traffic
+  /// never stops. Every rank and registered switch gets a fresh lease to check in again.
+  /// Returns how many jobs came back.
+  Result<std::size_t> restore();
+
+  /// Expires rank and switch leases. The daemon calls it periodically.
+  void sweep();
+  /// Wakes every waiting join with `unavailable` and refuses new joins: the server is stopping
+  /// and must not wait out 30-second joins.
+  void close();
+
+  std::vector<JobView> jobs() const;
+  std::vector<SwitchView> switches() const;
+  const Topology& topology() const noexcept { return topo_; }
+  std::uint64_t lease_ms() const noexcept { return opt_.lease_ms; }
+  std::uint64_t switch_lease_ms() const noexcept { return opt_.switch_lease_ms; }
+
+  /// The per-switch install messages of a tree (what each switch is told); rank r's RESULTs
+  /// go to rank_addr[r].
+  std::vector<TreeInstall> installs_for(const Allocation& a, std::uint64_t key,
+                                        const std::vector<Address>& rank_addr) const;
+
+ private:
+  struct Rank {
+    std::uint32_t host = 0;
+    std::uint16_t port = 0;
+    std::int64_t lease_until = 0;
+    bool left = false;
+    int waiting = 0;  // inside join(): alive whatever its lease says
+  };
+  struct Job {
+    JoinArgs params;  // first rank's sizes; the others must match
+    JobState state = JobState::gathering;
+    std::string reason;
+    Status refusal;
+    std::map<std::uint32_t, Rank> ranks;
+    std::optional<Allocation> tree;
+    std::uint64_t key = 0;
+  };
+  struct Sw {
+    bool registered = false;
+    std::int64_t lease_until = 0;
+    std::string agent;
+  };
+
+  std::int64_t now() const { return opt_.clock(); }
+  Status validate(const JoinArgs& a, std::uint32_t* host) const;
+  void try_start(const std::string& name, Job& j);
+  Status install_tree(Job& j);
+  void remove_tree(Job& j);
+  void end_job(std::map<std::string, Job>::iterator it);
+  void fail_jobs_on(std::uint32_t sw, const std::string& why);
+  void touch(const std::string& job) { dirty_jobs_.insert(job); }
+  void touch_switch(std::uint32_t sw) { dirty_sw_.insert(sw); }
+  /// Writes what was touched in one transaction. A store failure is logged, not returned: the
+  /// in-memory state is still right, only a later restart would lose the change.
+  void flush();
+  std::string job_doc(const Job& j) const;
+  std::string switch_doc(std::uint32_t sw) const;
+  RankAssignment assignment(const Job& j, std::uint32_t rank) const;
+
+  const Topology& topo_;
+  SwitchClient& client_;
+  RegistryOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Allocator alloc_;
+  std::map<std::string, Job> jobs_;
+  std::vector<Sw> sw_;
+  std::uint64_t key_state_;
+  bool closed_ = false;
+  std::set<std::string> dirty_jobs_;
+  std::set<std::uint32_t> dirty_sw_;
+};
+
+}  // namespace treeduce::ctl

@@ -1,0 +1,447 @@
+// The manager over real gRPC on 127.0.0.1 with ephemeral ports: in-process manager server and
+// switch agents backed by the dataplane core, and the treeduce-manager daemon as a process.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "fake_agent.h"
+
+using namespace treeduce::ctl;
+using treeduce::ctl::testing::FakeSwitchAgent;
+namespace pb = treeduce::control::v1;
+
+namespace {
+
+std::string doc_yaml() {
+  std::ifstream in(std::string(TREEDUCE_SOURCE_ROOT) + "/docs/manager.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  auto start = doc.find("```yaml\n");
+  auto end = doc.find("```\n", start + 8);
+  return doc.substr(start + 8, end - start - 8);
+}
+
+template <typename Pred>
+bool eventually(Pred p, int ms = 3000) {
+  for (int i = 0; i < ms / 10; ++i) {
+    if (p()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return p();
+}
+
+pb::JoinRequest join_req(const std::string& job, std::uint32_t rank, std::uint32_t world,
+                         const std::string& host, std::uint32_t wait_ms = 5000) {
+  pb::JoinRequest r;
+  r.set_job(job);
+  r.set_rank(rank);
+  r.set_world_size(world);
+  r.set_host(host);
+  r.set_port(7000 + rank);
+  r.set_wait_ms(wait_ms);
+  return r;
+}
+
+// Agents for the four switches of the doc example, registered with `manager`.
+struct Fabric {
+  std::map<std::string, std::unique_ptr<FakeSwitchAgent>> agents;
+  Fabric(const Topology& t, const std::string& manager) {
+    for (const auto& s : t.switches) {
+      agents[s.name] = std::make_unique<FakeSwitchAgent>(s.name, s.data);
+      EXPECT_TRUE(agents[s.name]->register_with(manager, 50).ok());
+    }
+  }
+  std::size_t trees() {
+    std::size_t n = 0;
+    for (auto& [name, a] : agents) n += a->tree_count();
+    return n;
+  }
+};
+
+struct Grpc : ::testing::Test {
+  Topology topo = *load_topology_yaml(doc_yaml());
+  GrpcSwitchClient client{1000};
+  std::unique_ptr<JobRegistry> reg;
+  std::unique_ptr<ManagerServer> server;
+  std::string addr;
+  std::unique_ptr<pb::JobService::Stub> jobs;
+
+  void start(std::uint64_t lease_ms) {
+    RegistryOptions o;
+    o.lease_ms = lease_ms;
+    o.switch_lease_ms = 400;
+    reg = std::make_unique<JobRegistry>(topo, client, o);
+    server = std::make_unique<ManagerServer>(*reg, "127.0.0.1:0", 25);
+    ASSERT_TRUE(server->ok());
+    addr = "127.0.0.1:" + std::to_string(server->port());
+    jobs = pb::JobService::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  }
+  void SetUp() override { start(5000); }
+  void TearDown() override { server.reset(); }
+
+  grpc::Status join(const pb::JoinRequest& r, pb::JoinReply* rep) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return jobs->Join(&ctx, r, rep);
+  }
+  std::vector<std::pair<grpc::Status, pb::JoinReply>> join_all(const std::string& job) {
+    std::vector<std::pair<grpc::Status, pb::JoinReply>> out(4);
+    std::vector<std::thread> th;
+    for (std::uint32_t r = 0; r < 4; ++r)
+      th.emplace_back([&, r] {
+        out[r].first = join(join_req(job, r, 4, "h" + std::to_string(r)), &out[r].second);
+      });
+    for (auto& t : th) t.join();
+    return out;
+  }
+  grpc::Status heartbeat(const std::string& job, std::uint32_t rank, pb::HeartbeatReply* rep) {
+    grpc::ClientContext ctx;
+    pb::HeartbeatRequest r;
+    r.set_job(job);
+    r.set_rank(rank);
+    return jobs->Heartbeat(&ctx, r, rep);
+  }
+};
+
+}  // namespace
+
+TEST_F(Grpc, JoinInstallsOnRealSwitchCoresAndLeaveRemoves) {
+  Fabric f(topo, addr);
+  auto res = join_all("train");
+  for (auto& [s, rep] : res) {
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(rep.assignment().tree_id(), res[0].second.assignment().tree_id());
+    EXPECT_EQ(rep.assignment().job_key(), res[0].second.assignment().job_key());
+    EXPECT_EQ(rep.assignment().depth(), 1u);
+  }
+  EXPECT_EQ(res[2].second.assignment().leaf_switch(), "leaf1");
+  EXPECT_EQ(res[2].second.assignment().leaf_address(), "10.0.0.2:4791");
+  EXPECT_EQ(res[3].second.assignment().child_index(), 1u);
+  // Both leaves and one spine hold the tree in their dataplane core.
+  EXPECT_EQ(f.agents["leaf0"]->tree_count(), 1u);
+  EXPECT_EQ(f.agents["leaf1"]->tree_count(), 1u);
+  EXPECT_EQ(f.agents["spine0"]->tree_count() + f.agents["spine1"]->tree_count(), 1u);
+  auto leaf1 = f.agents["leaf1"]->trees().begin()->second;
+  EXPECT_EQ(leaf1.children.size(), 2u);
+  EXPECT_EQ(to_string(leaf1.children[0].addr), "10.1.0.3:7002");
+
+  auto q = pb::Query::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext c1;
+  pb::JobList jl;
+  ASSERT_TRUE(q->ListJobs(&c1, pb::ListRequest(), &jl).ok());
+  ASSERT_EQ(jl.jobs_size(), 1);
+  EXPECT_EQ(jl.jobs(0).state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(jl.jobs(0).switches_size(), 3);
+  grpc::ClientContext c2;
+  pb::SwitchList sl;
+  ASSERT_TRUE(q->ListSwitches(&c2, pb::ListRequest(), &sl).ok());
+  ASSERT_EQ(sl.switches_size(), 4);
+  EXPECT_EQ(sl.switches(0).resources().max_trees(), 8u);  // small-q2
+  EXPECT_EQ(sl.switches(0).trees_used(), 1u);
+
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    grpc::ClientContext ctx;
+    pb::LeaveRequest lr;
+    lr.set_job("train");
+    lr.set_rank(r);
+    pb::LeaveReply rep;
+    ASSERT_TRUE(jobs->Leave(&ctx, lr, &rep).ok());
+  }
+  EXPECT_EQ(f.trees(), 0u);
+}
+
+TEST_F(Grpc, ManyJoinsAtOnceUntilTheLeavesAreFull) {
+  // The example's leaves (small-q2) hold 8 trees: 8 four-rank jobs joining at once (32 blocked
+  // Join calls) all get a tree, the 9th is refused with the reason.
+  Fabric f(topo, addr);
+  std::vector<std::thread> th;
+  std::vector<grpc::Status> st(32);
+  std::vector<pb::JoinReply> reps(32);
+  for (std::uint32_t j = 0; j < 8; ++j)
+    for (std::uint32_t r = 0; r < 4; ++r)
+      th.emplace_back([&, j, r] {
+        st[j * 4 + r] = join(join_req("job" + std::to_string(j), r, 4, "h" + std::to_string(r)),
+                             &reps[j * 4 + r]);
+      });
+  for (auto& t : th) t.join();
+  std::set<std::uint32_t> ids;
+  for (std::uint32_t i = 0; i < 32; ++i) {
+    ASSERT_TRUE(st[i].ok()) << st[i].error_message();
+    ids.insert(reps[i].assignment().tree_id());
+  }
+  EXPECT_EQ(ids.size(), 8u);
+  EXPECT_EQ(f.agents["leaf0"]->tree_count(), 8u);
+  EXPECT_EQ(f.agents["spine0"]->tree_count(), 4u);  // balanced across the spines
+  EXPECT_EQ(f.agents["spine1"]->tree_count(), 4u);
+  pb::JoinReply rep;
+  grpc::Status late = join(join_req("late", 0, 1, "h0"), &rep);
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(late.error_message().find("leaf0"), std::string::npos) << late.error_message();
+}
+
+TEST_F(Grpc, HostileRpcsAreRefusedWithCodeAndSentence) {
+  Fabric f(topo, addr);
+  auto expect = [&](const pb::JoinRequest& r, grpc::StatusCode code) {
+    pb::JoinReply rep;
+    grpc::Status s = join(r, &rep);
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_GT(s.error_message().size(), 10u);
+    EXPECT_EQ(s.error_message().back(), '.') << s.error_message();
+  };
+  expect(pb::JoinRequest(), grpc::StatusCode::INVALID_ARGUMENT);
+  expect(join_req("j", 4, 4, "h0"), grpc::StatusCode::INVALID_ARGUMENT);
+  expect(join_req("j", 0, 4000000000u, "h0"), grpc::StatusCode::INVALID_ARGUMENT);
+  expect(join_req("j", 0, 2, "nowhere"), grpc::StatusCode::NOT_FOUND);
+  auto bad_port = join_req("j", 0, 2, "h0");
+  bad_port.set_port(70000);
+  expect(bad_port, grpc::StatusCode::INVALID_ARGUMENT);
+  auto bad_slots = join_req("k", 0, 2, "h0");
+  bad_slots.set_slots(3);
+  expect(bad_slots, grpc::StatusCode::INVALID_ARGUMENT);
+  auto bad_payload = join_req("k", 0, 2, "h0");
+  bad_payload.set_payload_bytes(100000);
+  expect(bad_payload, grpc::StatusCode::INVALID_ARGUMENT);
+  auto bad_mask = join_req("k", 0, 2, "h0");
+  bad_mask.set_dtype_mask(0x1000);
+  expect(bad_mask, grpc::StatusCode::INVALID_ARGUMENT);
+  expect(join_req("j", 0, 2, "h0", 20), grpc::StatusCode::DEADLINE_EXCEEDED);
+  auto dup = join_req("j", 0, 2, "h1", 20);
+  expect(dup, grpc::StatusCode::ALREADY_EXISTS);
+  expect(join_req("j", 1, 3, "h1", 20), grpc::StatusCode::INVALID_ARGUMENT);
+  pb::HeartbeatReply hb;
+  EXPECT_EQ(heartbeat("nojob", 0, &hb).error_code(), grpc::StatusCode::NOT_FOUND);
+  auto sr =
+      pb::SwitchRegistry::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  pb::RegisterRequest rr;
+  rr.set_name("leaf9");
+  rr.set_agent_address("127.0.0.1:1");
+  pb::RegisterReply rrep;
+  EXPECT_EQ(sr->Register(&ctx, rr, &rrep).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(Grpc, CrashedSwitchFailsTheJobAndRanksAreTold) {
+  Fabric f(topo, addr);
+  auto res = join_all("train");
+  ASSERT_TRUE(res[0].first.ok()) << res[0].first.error_message();
+  std::string spine = f.agents["spine0"]->tree_count() ? "spine0" : "spine1";
+  f.agents[spine]->stop();
+  pb::HeartbeatReply hb;
+  ASSERT_TRUE(eventually(
+      [&] { return heartbeat("train", 0, &hb).ok() && hb.state() == pb::JOB_STATE_FAILED; }));
+  EXPECT_NE(hb.reason().find(spine), std::string::npos) << hb.reason();
+  EXPECT_EQ(f.agents["leaf0"]->tree_count(), 0u);  // the live switches dropped the tree
+  EXPECT_EQ(f.agents["leaf1"]->tree_count(), 0u);
+}
+
+TEST_F(Grpc, ExpiredLeasesRemoveTrees) {
+  server.reset();
+  start(300);
+  Fabric f(topo, addr);
+  auto res = join_all("train");
+  ASSERT_TRUE(res[0].first.ok()) << res[0].first.error_message();
+  EXPECT_EQ(f.trees(), 3u);
+  EXPECT_TRUE(eventually([&] { return f.trees() == 0; }));
+  EXPECT_TRUE(reg->jobs().empty());
+}
+
+namespace {
+
+// Runs the treeduce CLI; returns exit status and output (stdout and stderr).
+std::pair<int, std::string> cli(const std::string& args) {
+  std::string cmd = std::string(TREEDUCE_CLI_BIN) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  int st = pclose(f);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+}  // namespace
+
+TEST_F(Grpc, CliPrintsTablesAndJson) {
+  Fabric f(topo, addr);
+  for (auto& [s, rep] : join_all("train")) ASSERT_TRUE(s.ok());
+  const std::string m = "--manager " + addr + " ";
+  auto [rc, jobs_out] = cli(m + "jobs");
+  EXPECT_EQ(rc, 0) << jobs_out;
+  EXPECT_EQ(jobs_out.rfind("JOB", 0), 0u) << jobs_out;
+  EXPECT_NE(jobs_out.find("train  running  4/4"), std::string::npos) << jobs_out;
+  auto [rc2, res_out] = cli(m + "resources");
+  EXPECT_EQ(rc2, 0);
+  EXPECT_NE(res_out.find("small-q2"), std::string::npos) << res_out;
+  EXPECT_NE(res_out.find("1/8"), std::string::npos) << res_out;
+  auto [rc3, trees_json] = cli(m + "--json trees");
+  ASSERT_EQ(rc3, 0) << trees_json;
+  auto t = nlohmann::json::parse(trees_json);
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0]["job"], "train");
+  EXPECT_EQ(t[0]["switches"].size(), 3u);
+  auto [rc4, sw_json] = cli(m + "--json switches");
+  ASSERT_EQ(rc4, 0);
+  auto sw = nlohmann::json::parse(sw_json);
+  ASSERT_EQ(sw.size(), 4u);
+  EXPECT_EQ(sw[0]["state"], "up");
+  auto [rc5, down] = cli("--manager 127.0.0.1:1 jobs");
+  EXPECT_NE(rc5, 0);
+  EXPECT_NE(down.find("cannot reach the manager"), std::string::npos) << down;
+  auto [rc6, usage] = cli("");
+  EXPECT_NE(rc6, 0);
+}
+
+namespace {
+
+struct Daemon {
+  pid_t pid = -1;
+  int port = 0;
+  // Starts treeduce-manager and waits for its port file.
+  Daemon(const std::string& yaml, const std::string& dir, const std::string& listen,
+         const std::string& db) {
+    namespace fs = std::filesystem;
+    const std::string pf = dir + "/port";
+    fs::remove(pf);
+    pid = fork();
+    if (pid == 0) {
+      std::vector<const char*> argv = {"treeduce-manager",
+                                       "--topology",
+                                       yaml.c_str(),
+                                       "--listen",
+                                       listen.c_str(),
+                                       "--port-file",
+                                       pf.c_str(),
+                                       "--switch-lease-ms",
+                                       "600",
+                                       "--restore-grace-ms",
+                                       "1000"};
+      if (!db.empty()) {
+        argv.push_back("--db");
+        argv.push_back(db.c_str());
+      }
+      argv.push_back(nullptr);
+      execv(TREEDUCE_MANAGER_BIN, const_cast<char* const*>(argv.data()));
+      _exit(127);
+    }
+    if (eventually([&] { return fs::exists(pf); }, 10000)) std::ifstream(pf) >> port;
+  }
+  std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
+  int stop(int sig) {
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return status;
+  }
+};
+
+std::string temp_dir(const std::string& tag) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("treeduce-" + tag + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::vector<grpc::Status> join_four(const std::string& addr, const std::string& job) {
+  auto stub =
+      pb::JobService::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  std::vector<grpc::Status> st(4);
+  std::vector<std::thread> th;
+  for (std::uint32_t r = 0; r < 4; ++r)
+    th.emplace_back([&, r] {
+      grpc::ClientContext ctx;
+      pb::JoinReply rep;
+      st[r] = stub->Join(&ctx, join_req(job, r, 4, "10.1.0." + std::to_string(r + 1)), &rep);
+    });
+  for (auto& t : th) t.join();
+  return st;
+}
+
+}  // namespace
+
+TEST(ManagerProcess, DaemonServesJoinsAndStopsOnSigterm) {
+  const std::string dir = temp_dir("mgr");
+  const std::string yaml = dir + "/fabric.yaml";
+  std::ofstream(yaml) << doc_yaml();
+  Daemon d(yaml, dir, "127.0.0.1:0", "");
+  ASSERT_GT(d.port, 0);
+  Topology topo = *load_topology_yaml(doc_yaml());
+  {
+    Fabric f(topo, d.addr());
+    for (auto& s : join_four(d.addr(), "p")) EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(f.trees(), 3u);
+  }
+  int status = d.stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ManagerProcess, KilledDaemonRestartsWithoutDisturbingTrees) {
+  const std::string dir = temp_dir("restart");
+  const std::string yaml = dir + "/fabric.yaml", db = dir + "/state.db";
+  std::ofstream(yaml) << doc_yaml();
+  Topology topo = *load_topology_yaml(doc_yaml());
+  auto first = std::make_unique<Daemon>(yaml, dir, "127.0.0.1:0", db);
+  ASSERT_GT(first->port, 0);
+  const std::string addr = first->addr();
+  Fabric f(topo, addr);
+  for (auto& s : join_four(addr, "train")) ASSERT_TRUE(s.ok()) << s.error_message();
+  std::map<std::string, std::pair<int, int>> calls;
+  for (auto& [n, a] : f.agents) calls[n] = {a->installs(), a->removes()};
+  EXPECT_EQ(f.trees(), 3u);
+
+  first->stop(SIGKILL);  // no goodbye: the state must already be on disk
+  Daemon second(yaml, dir, addr, db);
+  ASSERT_EQ(second.port, first->port);
+  auto stub =
+      pb::JobService::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  // Every rank's heartbeat finds its job running, well past the restart grace and the
+  // switches' lease: the agents' heartbeats reached the new manager too.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    grpc::ClientContext ctx;
+    pb::HeartbeatRequest hr;
+    hr.set_job("train");
+    hr.set_rank(r);
+    pb::HeartbeatReply rep;
+    grpc::Status s = stub->Heartbeat(&ctx, hr, &rep);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(rep.state(), pb::JOB_STATE_RUNNING) << rep.reason();
+  }
+  for (auto& [n, a] : f.agents) {
+    EXPECT_EQ(a->installs(), calls[n].first) << n << " was re-installed";
+    EXPECT_EQ(a->removes(), calls[n].second) << n << " lost a tree";
+  }
+  EXPECT_EQ(f.trees(), 3u);
+  auto q = pb::Query::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext c2;
+  pb::SwitchList sl;
+  ASSERT_TRUE(q->ListSwitches(&c2, pb::ListRequest(), &sl).ok());
+  std::uint32_t used = 0;
+  for (const auto& s : sl.switches()) {
+    used += s.trees_used();
+    EXPECT_TRUE(s.up()) << s.name();
+  }
+  EXPECT_EQ(used, 3u);
+  // Leaving after the restart removes the trees the first manager installed.
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    grpc::ClientContext ctx;
+    pb::LeaveRequest lr;
+    lr.set_job("train");
+    lr.set_rank(r);
+    pb::LeaveReply rep;
+    ASSERT_TRUE(stub->Leave(&ctx, lr, &rep).ok());
+  }
+  EXPECT_EQ(f.trees(), 0u);
+  for (auto& [n, a] : f.agents) a->stop();
+  second.stop(SIGTERM);
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,355 @@
+// Job registry without gRPC: joins, waits, hostile requests, leases, switch failures. Switches are
+// a recording client that can refuse and die; the gRPC path is in test_grpc.cpp.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "treeduce/control/registry.h"
+
+using namespace treeduce::ctl;
+
+namespace {
+
+struct RecordingClient : SwitchClient {
+  std::mutex mu;
+  std::map<std::string, std::map<std::uint16_t, TreeInstall>> trees;
+  std::set<std::string> dead;
+  int installs = 0, removes = 0;
+  Status install(const std::string&, const TreeInstall& t) override {
+    std::lock_guard l(mu);
+    ++installs;
+    if (dead.count(t.switch_name)) return unavailable("connection refused");
+    if (!trees[t.switch_name].emplace(t.tree_id, t).second) return already_exists("id in use");
+    return Status::Ok();
+  }
+  Status remove(const std::string&, const std::string& sw, std::uint16_t id) override {
+    std::lock_guard l(mu);
+    ++removes;
+    if (dead.count(sw)) return unavailable("connection refused");
+    return trees[sw].erase(id) ? Status::Ok() : not_found("no such tree");
+  }
+  std::size_t total() {
+    std::lock_guard l(mu);
+    std::size_t n = 0;
+    for (auto& [s, m] : trees) n += m.size();
+    return n;
+  }
+};
+
+struct Fixture : ::testing::Test {
+  Topology topo = *make_fat_tree2(4);  // leaves leaf0..3 with h<l>-0, h<l>-1; spine0, spine1
+  RecordingClient client;
+  std::atomic<std::int64_t> clock{1000};
+  std::unique_ptr<JobRegistry> reg;
+  void SetUp() override { make(false); }
+  Store* store = nullptr;
+  void make(bool require_registration) {
+    reg.reset();
+    RegistryOptions o;
+    o.store = store;
+    o.lease_ms = 1000;
+    o.switch_lease_ms = 1000;
+    o.require_registration = require_registration;
+    o.clock = [this] { return clock.load(); };
+    reg = std::make_unique<JobRegistry>(topo, client, o);
+  }
+  static JoinArgs args(const std::string& job, std::uint32_t rank, std::uint32_t world,
+                       const std::string& host, std::uint16_t port = 5000) {
+    JoinArgs a;
+    a.job = job;
+    a.rank = rank;
+    a.world = world;
+    a.host = host;
+    a.port = port;
+    return a;
+  }
+  // Joins all ranks of a job from threads; returns results by rank.
+  std::vector<Result<RankAssignment>> join_all(const std::string& job,
+                                               const std::vector<std::string>& hosts) {
+    std::vector<std::optional<Result<RankAssignment>>> out(hosts.size());
+    std::vector<std::thread> th;
+    for (std::uint32_t r = 0; r < hosts.size(); ++r)
+      th.emplace_back([&, r] {
+        out[r] = reg->join(
+            args(job, r, std::uint32_t(hosts.size()), hosts[r], std::uint16_t(5000 + r)), 5000);
+      });
+    for (auto& t : th) t.join();
+    std::vector<Result<RankAssignment>> res;
+    for (auto& o : out) res.push_back(*o);
+    return res;
+  }
+};
+
+}  // namespace
+
+TEST_F(Fixture, AllRanksGetConsistentAssignmentsAndSwitchesGetTheTree) {
+  auto res = join_all("j", {"h0-0", "h0-1", "h2-0", "10.0.0.8"});  // last is h3-1 by address
+  std::set<std::pair<std::string, int>> places;
+  for (auto& r : res) {
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->tree_id, res[0]->tree_id);
+    EXPECT_EQ(r->key, res[0]->key);
+    EXPECT_EQ(r->depth, 1u);
+    EXPECT_TRUE(places.emplace(r->leaf_switch, r->child_index).second);
+  }
+  EXPECT_EQ(res[0]->leaf_switch, "leaf0");
+  EXPECT_EQ(res[3]->leaf_switch, "leaf3");
+  EXPECT_EQ(res[2]->leaf, topo.switches[std::size_t(topo.find_switch("leaf2"))].data);
+  // Root + three leaves; the root's children count the ranks below them.
+  ASSERT_EQ(client.total(), 4u);
+  const TreeInstall* root = nullptr;
+  for (auto& [sw, m] : client.trees)
+    for (auto& [id, t] : m)
+      if (t.role == NodeRole::root) root = &t;
+  ASSERT_NE(root, nullptr);
+  std::multiset<int> hosts_below;
+  for (auto& c : root->children) hosts_below.insert(c.hosts);
+  EXPECT_EQ(hosts_below, (std::multiset<int>{1, 1, 2}));
+  const TreeInstall& leaf0 = client.trees["leaf0"].begin()->second;
+  EXPECT_EQ(leaf0.role, NodeRole::leaf);
+  EXPECT_EQ(leaf0.parent, topo.switches[std::size_t(topo.find_switch(root->switch_name))].data);
+  ASSERT_EQ(leaf0.children.size(), 2u);
+  EXPECT_EQ(leaf0.children[1].addr, (Address{topo.hosts[1].data.ip, 5001}));
+  EXPECT_EQ(leaf0.key, res[0]->key);
+  // Leaving: the tree goes with the last rank.
+  for (std::uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(reg->leave("j", r).ok());
+  EXPECT_EQ(client.total(), 4u);
+  ASSERT_TRUE(reg->leave("j", 3).ok());
+  EXPECT_EQ(client.total(), 0u);
+  for (auto& s : reg->switches()) EXPECT_EQ(s.used, Usage{});
+}
+
+TEST_F(Fixture, ManyJoinsAtOnce) {
+  // 24 jobs of 4 ranks, all 96 joins concurrently; leaves hold 64 trees, so all fit.
+  std::vector<std::thread> th;
+  std::atomic<int> ok{0};
+  std::mutex mu;
+  std::map<std::string, std::set<std::uint16_t>> ids;
+  for (int j = 0; j < 24; ++j)
+    for (std::uint32_t r = 0; r < 4; ++r)
+      th.emplace_back([&, j, r] {
+        std::string host = "h" + std::to_string((j + r) % 4) + "-" + std::to_string(r % 2);
+        auto a =
+            reg->join(args("job" + std::to_string(j), r, 4, host, std::uint16_t(6000 + r)), 10000);
+        if (a.ok()) {
+          ++ok;
+          std::lock_guard l(mu);
+          ids["job" + std::to_string(j)].insert(a->tree_id);
+        }
+      });
+  for (auto& t : th) t.join();
+  EXPECT_EQ(ok.load(), 96);
+  std::set<std::uint16_t> all;
+  for (auto& [job, s] : ids) {
+    EXPECT_EQ(s.size(), 1u) << job;
+    all.insert(*s.begin());
+  }
+  EXPECT_EQ(all.size(), 24u);
+}
+
+TEST_F(Fixture, HostileJoinsAreRefused) {
+  auto code = [&](JoinArgs a) { return reg->join(a, 10).status().code(); };
+  EXPECT_EQ(code(args("j", 4, 4, "h0-0")), Code::invalid_argument);            // rank >= world
+  EXPECT_EQ(code(args("j", 0, 0, "h0-0")), Code::invalid_argument);            // world 0
+  EXPECT_EQ(code(args("j", 0, 4000000000u, "h0-0")), Code::invalid_argument);  // huge world
+  EXPECT_EQ(code(args("j", 0, 1000, "h0-0")), Code::invalid_argument);         // > 8 hosts x 64
+  EXPECT_EQ(code(args("bad name!", 0, 2, "h0-0")), Code::invalid_argument);
+  EXPECT_EQ(code(args(std::string(200, 'x'), 0, 2, "h0-0")), Code::invalid_argument);
+  EXPECT_EQ(code(args("j", 0, 2, "nohost")), Code::not_found);
+  EXPECT_EQ(code(args("j", 0, 2, "h0-0", 0)), Code::invalid_argument);  // no port
+  // Rank 0 joins (and times out waiting), then impostors.
+  auto first = reg->join(args("j", 0, 2, "h0-0"), 10);
+  EXPECT_EQ(first.status().code(), Code::deadline_exceeded);
+  EXPECT_NE(first.status().message().find("1 of 2 ranks"), std::string::npos);
+  EXPECT_EQ(code(args("j", 0, 2, "h1-0")), Code::already_exists);        // duplicate rank
+  EXPECT_EQ(code(args("j", 0, 2, "h0-0", 5001)), Code::already_exists);  // other port
+  EXPECT_EQ(code(args("j", 1, 3, "h1-0")), Code::invalid_argument);      // other world size
+  auto other = args("j", 1, 2, "h1-0");
+  other.slots = 32;
+  EXPECT_EQ(code(other), Code::invalid_argument);  // other window
+  // The same endpoint again is a retry, not a duplicate; with rank 1 the job starts.
+  std::thread t([&] { EXPECT_TRUE(reg->join(args("j", 0, 2, "h0-0"), 5000).ok()); });
+  EXPECT_TRUE(reg->join(args("j", 1, 2, "h1-0"), 5000).ok());
+  t.join();
+  EXPECT_EQ(code(args("j", 1, 2, "h1-1")), Code::already_exists);
+  EXPECT_EQ(reg->leave("j", 7).code(), Code::not_found);
+  EXPECT_EQ(reg->heartbeat("nojob", 0).status().code(), Code::not_found);
+}
+
+TEST_F(Fixture, RefusalReachesEveryRank) {
+  // Fill leaf0's 64 trees with single-rank jobs, then a two-leaf job is refused with a reason.
+  // Eight slots each: 64 trees use exactly the 512 slots of a Quantum-2-like switch.
+  for (int j = 0; j < 64; ++j) {
+    auto a = args("f" + std::to_string(j), 0, 1, "h0-0");
+    a.slots = 8;
+    auto r = reg->join(a, 1000);
+    ASSERT_TRUE(r.ok()) << j << " " << r.status().to_string();
+  }
+  auto res = join_all("big", {"h0-1", "h1-0"});
+  for (auto& r : res) {
+    EXPECT_EQ(r.status().code(), Code::resource_exhausted);
+    EXPECT_NE(r.status().message().find("leaf0"), std::string::npos) << r.status().message();
+  }
+  auto hb = reg->heartbeat("big", 1);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->state, JobState::refused);
+}
+
+TEST_F(Fixture, LeasesExpireAndFreeResources) {
+  ASSERT_EQ(join_all("j", {"h0-0", "h1-0"}).size(), 2u);
+  ASSERT_EQ(client.total(), 3u);
+  clock += 600;
+  ASSERT_TRUE(reg->heartbeat("j", 0).ok());  // rank 0 renews, rank 1 goes silent
+  clock += 600;
+  reg->sweep();
+  EXPECT_EQ(client.total(), 0u) << "expired job's tree still installed";
+  for (auto& s : reg->switches()) EXPECT_EQ(s.used, Usage{});
+  auto hb = reg->heartbeat("j", 0);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->state, JobState::failed);
+  EXPECT_NE(hb->reason.find("rank 1"), std::string::npos) << hb->reason;
+  clock += 2000;
+  reg->sweep();
+  EXPECT_TRUE(reg->jobs().empty());
+  // A rank that joined and gave up waiting leaves with its lease.
+  EXPECT_EQ(reg->join(args("g", 0, 2, "h0-0"), 1).status().code(), Code::deadline_exceeded);
+  EXPECT_EQ(reg->jobs().size(), 1u);
+  clock += 2000;
+  reg->sweep();
+  EXPECT_TRUE(reg->jobs().empty());
+}
+
+TEST_F(Fixture, FailedSwitchFailsItsJobsAndIsAvoided) {
+  auto res = join_all("j", {"h0-0", "h1-0"});
+  ASSERT_TRUE(res[0].ok());
+  std::string spine;
+  for (auto& [sw, m] : client.trees)
+    if (!m.empty() && sw.rfind("spine", 0) == 0) spine = sw;
+  ASSERT_FALSE(spine.empty());
+  client.dead.insert(spine);
+  ASSERT_TRUE(reg->fail_switch(spine, "test").ok());
+  auto hb = reg->heartbeat("j", 1);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->state, JobState::failed);
+  EXPECT_NE(hb->reason.find(spine), std::string::npos);
+  EXPECT_TRUE(client.trees["leaf0"].empty());  // the live switches were told to drop the tree
+  EXPECT_TRUE(client.trees["leaf1"].empty());
+  auto again = join_all("k", {"h0-0", "h1-0"});
+  ASSERT_TRUE(again[0].ok()) << again[0].status().to_string();
+  EXPECT_EQ(client.trees[spine].count(again[0]->tree_id), 0u);
+}
+
+TEST_F(Fixture, UnreachableSwitchDuringInstallIsRoutedAround) {
+  client.dead.insert("spine0");
+  client.dead.insert("spine1");
+  auto res = join_all("j", {"h0-0", "h1-0"});
+  EXPECT_EQ(res[0].status().code(), Code::resource_exhausted) << res[0].status().to_string();
+  EXPECT_NE(res[0].status().message().find("down"), std::string::npos);
+  EXPECT_EQ(client.total(), 0u);  // leaves installed before the failure were rolled back
+}
+
+TEST_F(Fixture, RegistrationGatesSwitches) {
+  make(true);
+  auto a = reg->join(args("j", 0, 1, "h0-0"), 100);
+  EXPECT_EQ(a.status().code(), Code::failed_precondition);
+  EXPECT_NE(a.status().message().find("not registered"), std::string::npos);
+  // A refused job stays refused (every late rank learns the same) until its ranks leave.
+  EXPECT_EQ(reg->join(args("j", 0, 1, "h0-0"), 100).status().code(), Code::failed_precondition);
+  ASSERT_TRUE(reg->leave("j", 0).ok());
+  EXPECT_EQ(reg->register_switch("nope", "127.0.0.1:1", {}).code(), Code::not_found);
+  EXPECT_EQ(reg->register_switch("leaf0", "", {}).code(), Code::invalid_argument);
+  ResourceProfile tiny = *find_builtin_profile("quantum2");
+  tiny.max_trees = 1;
+  ASSERT_TRUE(reg->register_switch("leaf0", "127.0.0.1:1", tiny).ok());
+  auto j = reg->join(args("j", 0, 1, "h0-0"), 100);
+  EXPECT_TRUE(j.ok()) << j.status().to_string();
+  auto b = reg->join(args("k", 0, 1, "h0-1"), 100);
+  EXPECT_EQ(b.status().code(), Code::resource_exhausted);
+  EXPECT_NE(b.status().message().find("1/1 trees"), std::string::npos) << b.status().message();
+  // Heartbeats keep it; silence fails it.
+  clock += 800;
+  EXPECT_TRUE(reg->switch_heartbeat("leaf0").ok());
+  clock += 800;
+  ASSERT_TRUE(reg->heartbeat("j", 0).ok());
+  reg->sweep();
+  EXPECT_EQ(reg->heartbeat("j", 0)->state, JobState::running);
+  clock += 1200;
+  ASSERT_TRUE(reg->heartbeat("j", 0).ok());
+  reg->sweep();
+  EXPECT_EQ(reg->heartbeat("j", 0)->state, JobState::failed);
+  EXPECT_EQ(reg->switch_heartbeat("leaf0").code(), Code::failed_precondition);
+}
+
+TEST_F(Fixture, RestartKeepsJobsAndTreesWithoutTouchingSwitches) {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("treeduce-reg-" + std::to_string(getpid()) + ".db");
+  std::filesystem::remove(path);
+  auto st = open_sqlite_store(path.string());
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  store = st->get();
+  make(false);
+  auto res = join_all("j", {"h0-0", "h1-0", "h1-1"});
+  ASSERT_TRUE(res[0].ok());
+  EXPECT_EQ(reg->join(args("g", 0, 2, "h2-0"), 1).status().code(), Code::deadline_exceeded);
+  std::vector<Usage> before;
+  for (auto& s : reg->switches()) before.push_back(s.used);
+  const int installs = client.installs, removes = client.removes;
+
+  // Restart: a new registry over a reopened database.
+  reg.reset();
+  st.value().reset();
+  st = open_sqlite_store(path.string());
+  ASSERT_TRUE(st.ok());
+  store = st->get();
+  make(false);
+  auto n = reg->restore();
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(client.installs, installs) << "restart re-installed trees";
+  EXPECT_EQ(client.removes, removes) << "restart removed trees";
+  auto sw = reg->switches();
+  for (std::size_t i = 0; i < sw.size(); ++i) EXPECT_EQ(sw[i].used, before[i]);
+  auto hb = reg->heartbeat("j", 2);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->state, JobState::running);
+  // A rank that re-joins (same endpoint) gets the same assignment.
+  auto again = reg->join(args("j", 2, 3, "h1-1", 5002), 100);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->tree_id, res[2]->tree_id);
+  EXPECT_EQ(again->key, res[2]->key);
+  EXPECT_EQ(again->child_index, res[2]->child_index);
+  // The gathering job resumes where it was.
+  std::thread t([&] { EXPECT_TRUE(reg->join(args("g", 0, 2, "h2-0"), 5000).ok()); });
+  EXPECT_TRUE(reg->join(args("g", 1, 2, "h3-0"), 5000).ok());
+  t.join();
+  // A new tree never reuses a live id; leaving still removes the restored tree.
+  auto k = reg->join(args("k", 0, 1, "h0-1"), 100);
+  ASSERT_TRUE(k.ok());
+  EXPECT_NE(k->tree_id, res[0]->tree_id);
+  for (std::uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(reg->leave("j", r).ok());
+  EXPECT_EQ(client.removes, removes + 3);
+
+  // A damaged record comes back as a failed job with a reason, not as a crash.
+  ASSERT_TRUE(store->put("jobs", "broken", "{not json").ok());
+  reg.reset();
+  make(false);
+  ASSERT_TRUE(reg->restore().ok());
+  EXPECT_FALSE(reg->join(args("broken", 0, 1, "h0-0"), 1).ok());  // refused cleanly
+  bool found = false;
+  for (auto& v : reg->jobs())
+    if (v.job == "broken") {
+      found = true;
+      EXPECT_EQ(v.state, JobState::failed);
+      EXPECT_NE(v.reason.find("could not restore"), std::string::npos);
+    }
+  EXPECT_TRUE(found);
+  reg.reset();
+  st.value().reset();
+  std::filesystem::remove(path);
+}
