@@ -2,6 +2,7 @@
 // measured per-packet costs quoted in comments here.
 #include "treeduce/dataplane/core.h"
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstddef>
@@ -15,6 +16,7 @@ namespace treeduce::dp {
 namespace {
 
 constexpr std::size_t kL2L4Bytes = kFrameHeaderBytes - sizeof(TdHdr);
+constexpr std::size_t kTreeIds = 65536;
 
 /// Bookkeeping of one slot version; the data lives in Tree::mem.
 struct SlotMeta {
@@ -92,25 +94,55 @@ struct Tree {
   Counters counters;
 };
 
-Core::Core(const CoreConfig& cfg) : cfg_(cfg), trees_(65536) {}
-Core::~Core() = default;
+Core::Core(const CoreConfig& cfg)
+    : cfg_(cfg), trees_(std::make_unique<std::atomic<Tree*>[]>(kTreeIds)) {
+  if (cfg_.shards == 0) cfg_.shards = 1;
+}
+
+Core::~Core() {
+  for (std::size_t i = 0; i < kTreeIds; ++i) delete trees_[i].load(std::memory_order_relaxed);
+}
 
 std::size_t Core::tree_count() const noexcept { return ntrees_; }
 
-int Core::install_tree(const TreeConfig& cfg) {
-  if (trees_[cfg.tree_id]) return -EEXIST;
-  if (cfg.children.empty() || cfg.children.size() > kMaxChildren) return -EINVAL;
-  if (cfg.slots == 0 || cfg.slots > kMaxSlots || !std::has_single_bit(cfg.slots)) return -EINVAL;
-  if (!valid_payload_bytes(cfg.payload_bytes)) return -EINVAL;
-  if ((cfg.dtype_mask & 0x3F) == 0 || (cfg.dtype_mask & ~0x3F) != 0) return -EINVAL;
-  if ((cfg.op_mask & 0x7) == 0 || (cfg.op_mask & ~0x7) != 0) return -EINVAL;
-  if (static_cast<unsigned>(cfg.role) > 2) return -EINVAL;
+std::uint32_t Core::local_slots(std::uint32_t slots) const noexcept {
+  return cfg_.shard < slots ? (slots - cfg_.shard + cfg_.shards - 1) / cfg_.shards : 0;
+}
+
+const TreeConfig* Core::tree_config(std::uint16_t tree_id) const noexcept {
+  const Tree* t = trees_[tree_id].load(std::memory_order_acquire);
+  return t != nullptr ? &t->cfg : nullptr;
+}
+
+const char* Core::check_config(const TreeConfig& cfg) noexcept {
+  if (cfg.children.empty() || cfg.children.size() > kMaxChildren) {
+    return "a tree has 1 to 64 children";
+  }
+  if (cfg.slots == 0 || cfg.slots > kMaxSlots || !std::has_single_bit(cfg.slots)) {
+    return "slots must be a power of two from 1 to 4096";
+  }
+  if (!valid_payload_bytes(cfg.payload_bytes)) {
+    return "payload_bytes must be a power of two from 256 to 8192";
+  }
+  if ((cfg.dtype_mask & 0x3F) == 0 || (cfg.dtype_mask & ~0x3F) != 0) {
+    return "the dtype mask must allow at least one of the 6 element types and nothing else";
+  }
+  if ((cfg.op_mask & 0x7) == 0 || (cfg.op_mask & ~0x7) != 0) {
+    return "the op mask must allow at least one of sum, min, max and nothing else";
+  }
+  if (static_cast<unsigned>(cfg.role) > 2) return "the role must be leaf, inner or root";
   std::uint32_t hosts = 0;  // the ncontrib header field is 16 bits
   for (const auto& c : cfg.children) {
-    if (c.hosts == 0) return -EINVAL;
+    if (c.hosts == 0) return "every child has at least one host under it";
     hosts += c.hosts;
   }
-  if (hosts > 0xFFFF) return -EINVAL;
+  if (hosts > 0xFFFF) return "a tree covers at most 65535 hosts";
+  return nullptr;
+}
+
+int Core::install_tree(const TreeConfig& cfg) {
+  if (trees_[cfg.tree_id].load(std::memory_order_relaxed) != nullptr) return -EEXIST;
+  if (check_config(cfg) != nullptr) return -EINVAL;
 
   auto t = std::unique_ptr<Tree>(new (std::nothrow) Tree);
   if (!t) return -ENOMEM;
@@ -139,14 +171,15 @@ int Core::install_tree(const TreeConfig& cfg) {
   t->out_off = acc_bytes;
   t->det_off = acc_bytes + cfg.payload_bytes;
   t->stride = t->det_off + (cfg.deterministic ? t->nchildren * std::size_t{cfg.payload_bytes} : 0);
-  const std::size_t total = t->stride * cfg.slots * 2;
+  const std::size_t local = local_slots(cfg.slots);
+  const std::size_t total = std::max<std::size_t>(t->stride * local * 2, 64);
   // One tree may not take more than 1 GiB: a control-plane mistake, not a reason to die.
   if (total > (std::size_t{1} << 30)) return -ENOMEM;
   auto* mem = static_cast<std::uint8_t*>(std::aligned_alloc(64, total));
   if (mem == nullptr) return -ENOMEM;
   std::memset(mem, 0, total);  // touch every page now, not on the first packets
   t->mem.reset(mem);
-  t->meta.assign(std::size_t{cfg.slots} * 2, SlotMeta{});
+  t->meta.assign(local * 2, SlotMeta{});
 
   t->child_l2l4.resize(t->nchildren * kL2L4Bytes);
   for (std::size_t i = 0; i < t->nchildren; ++i) {
@@ -155,28 +188,39 @@ int Core::install_tree(const TreeConfig& cfg) {
   }
   if (!t->root)
     write_l2_l4(t->parent_l2l4, cfg_.self, cfg.parent, sizeof(TdHdr) + cfg.payload_bytes);
-  trees_[cfg.tree_id] = std::move(t);
+  // Everything above is written before this release store; a datapath thread's acquire load of
+  // the pointer sees a complete tree.
+  trees_[cfg.tree_id].store(t.release(), std::memory_order_release);
   ++ntrees_;
   return 0;
 }
 
+Tree* Core::unpublish_tree(std::uint16_t tree_id) noexcept {
+  Tree* t = trees_[tree_id].exchange(nullptr, std::memory_order_acq_rel);
+  if (t != nullptr) --ntrees_;
+  return t;
+}
+
+void Core::destroy_tree(Tree* t) noexcept { delete t; }
+
 int Core::remove_tree(std::uint16_t tree_id) {
-  if (!trees_[tree_id]) return -ENOENT;
-  trees_[tree_id].reset();
-  --ntrees_;
+  Tree* t = unpublish_tree(tree_id);
+  if (t == nullptr) return -ENOENT;
+  destroy_tree(t);
   return 0;
 }
 
 const Counters* Core::tree_counters(std::uint16_t tree_id) const noexcept {
-  const Tree* t = trees_[tree_id].get();
+  const Tree* t = trees_[tree_id].load(std::memory_order_acquire);
   return t != nullptr ? &t->counters : nullptr;
 }
 
 int Core::slot_view(std::uint16_t tree_id, std::uint32_t slot, unsigned ver, SlotView* out) const {
-  const Tree* t = trees_[tree_id].get();
+  const Tree* t = trees_[tree_id].load(std::memory_order_acquire);
   if (t == nullptr) return -ENOENT;
   if (slot >= t->cfg.slots || ver > 1) return -EINVAL;
-  const SlotMeta& m = t->meta[slot * 2 + ver];
+  if (slot % cfg_.shards != cfg_.shard) return -EINVAL;
+  const SlotMeta& m = t->meta[slot / cfg_.shards * 2 + ver];
   *out = SlotView{m.state, m.chunk, m.seq, m.bitmap, m.arrived, m.ncontrib, m.count, m.dtype, m.op};
   return 0;
 }
@@ -281,7 +325,7 @@ std::size_t Core::handle(const std::uint8_t* data, std::size_t len, TxFrame* tx,
     drop(nullptr, DropReason::bad_opcode);
     return 0;
   }
-  t = trees_[bswap_be(h.tree_id)].get();
+  t = trees_[bswap_be(h.tree_id)].load(std::memory_order_acquire);
   if (t == nullptr) return refuse(DropReason::unknown_tree);
   // Worst case output of this frame: a multicast to every child. Checked before any state
   // changes so that the caller can retry the frame after draining TX.
@@ -305,8 +349,14 @@ std::size_t Core::handle(const std::uint8_t* data, std::size_t len, TxFrame* tx,
   const std::uint32_t slot = bswap_be(h.slot);
   const unsigned ver = (chunk >> t->slot_shift) & 1;
   if (slot != (chunk & t->slot_mask) || h.slot_ver != ver) return refuse(DropReason::bad_slot);
+  // One datapath thread (shards == 1) skips the division.
+  const std::uint32_t local = cfg_.shards == 1 ? slot : slot / cfg_.shards;
+  if (local * cfg_.shards + cfg_.shard != slot) {
+    drop(t, DropReason::wrong_shard);
+    return 0;
+  }
   const std::uint32_t seq = bswap_be(h.seq);
-  const std::size_t si = std::size_t{slot} * 2 + ver;
+  const std::size_t si = std::size_t{local} * 2 + ver;
   SlotMeta& m = t->meta[si];
   std::uint8_t* const base = t->mem.get() + si * t->stride;
   std::uint8_t* const acc = base;

@@ -51,4 +51,21 @@ std::uint64_t Counters::total_drops() const noexcept {
   return s;
 }
 
+namespace {
+template <std::size_t N>
+void add_relaxed(const std::array<std::uint64_t, N>& from, std::array<std::uint64_t, N>& to) {
+  for (std::size_t i = 0; i < N; ++i) to[i] += __atomic_load_n(&from[i], __ATOMIC_RELAXED);
+}
+}  // namespace
+
+void load_counters(const Counters& from, Counters* to) noexcept {
+  *to = Counters{};
+  add_counters(from, to);
+}
+
+void add_counters(const Counters& from, Counters* to) noexcept {
+  add_relaxed(from.drops, to->drops);
+  add_relaxed(from.events, to->events);
+}
+
 }  // namespace treeduce::dp

@@ -27,7 +27,7 @@ NeighborVerdict answer_arp(const std::uint8_t* frame, std::size_t len, const End
   if (bswap_be(arp.oper) != 1 || bswap_be(arp.tpa) != self.ip) return NeighborVerdict::ignored;
   // Ethernet frames are at least 60 bytes before the FCS; pad the reply so that drivers that do
   // not pad (net_pcap, net_ring, memif) still put a legal frame on the wire.
-  constexpr std::size_t kReplyLen = 60;
+  constexpr std::size_t kReplyLen = kArpFrameBytes;
   if (cap < kReplyLen) return NeighborVerdict::no_room;
   EtherHdr reth;
   std::memcpy(reth.dst, eth.src, 6);
@@ -103,6 +103,43 @@ NeighborVerdict answer_neighbor(const std::uint8_t* frame, std::size_t len, cons
   if (type == kEtherTypeArp) return answer_arp(frame, len, self, out, cap, out_len);
   if (type == kEtherTypeIpv4) return answer_icmp(frame, len, self, out, cap, out_len);
   return NeighborVerdict::not_neighbor;
+}
+
+bool parse_arp(const std::uint8_t* frame, std::size_t len, ArpSender* out) noexcept {
+  if (frame == nullptr || len < sizeof(EtherHdr) + sizeof(ArpHdr)) return false;
+  if (bswap_be(load_header<EtherHdr>(frame).ether_type) != kEtherTypeArp) return false;
+  const auto arp = load_header<ArpHdr>(frame + sizeof(EtherHdr));
+  const std::uint16_t oper = bswap_be(arp.oper);
+  if (bswap_be(arp.htype) != 1 || bswap_be(arp.ptype) != kEtherTypeIpv4 || arp.hlen != 6 ||
+      arp.plen != 4 || (oper != 1 && oper != 2)) {
+    return false;
+  }
+  if (arp.spa == 0 || (arp.sha[0] & 1) != 0) return false;
+  out->ip = bswap_be(arp.spa);
+  std::memcpy(out->mac, arp.sha, 6);
+  out->target_ip = bswap_be(arp.tpa);
+  out->request = oper == 1;
+  return true;
+}
+
+void write_arp_request(std::uint8_t* out, const Endpoint& self, std::uint32_t target) noexcept {
+  EtherHdr eth;
+  std::memset(eth.dst, 0xFF, 6);
+  std::memcpy(eth.src, self.mac, 6);
+  eth.ether_type = bswap_be(kEtherTypeArp);
+  ArpHdr arp;
+  arp.htype = bswap_be(std::uint16_t{1});
+  arp.ptype = bswap_be(kEtherTypeIpv4);
+  arp.hlen = 6;
+  arp.plen = 4;
+  arp.oper = bswap_be(std::uint16_t{1});
+  std::memcpy(arp.sha, self.mac, 6);
+  arp.spa = bswap_be(self.ip);
+  std::memset(arp.tha, 0, 6);
+  arp.tpa = bswap_be(target);
+  std::memset(out, 0, kArpFrameBytes);
+  store_header(out, eth);
+  store_header(out + sizeof(EtherHdr), arp);
 }
 
 }  // namespace treeduce::dp

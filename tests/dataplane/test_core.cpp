@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "test_util.h"
 
@@ -360,6 +362,93 @@ TEST(CoreTreeTable, RemoveAndReinstallWhileTrafficFlows) {
   EXPECT_EQ(v.bitmap, 2u);
   EXPECT_NE(h.core.tree_counters(5), nullptr);
   EXPECT_EQ(h.core.tree_counters(6), nullptr);
+}
+
+}  // namespace
+}  // namespace treeduce::dp
+
+namespace treeduce::dp {
+namespace {
+
+using namespace testing;
+
+// Three shards of one switch: each owns slots s with s % 3 == shard, completes only those, and
+// counts anything else as wrong_shard without touching its state.
+TEST(CoreShards, EachShardOwnsItsSlots) {
+  constexpr std::uint32_t kShards = 3, kSlots = 8;
+  std::vector<std::unique_ptr<Core>> shards;
+  for (std::uint32_t i = 0; i < kShards; ++i) {
+    shards.push_back(std::make_unique<Core>(CoreConfig{kSwitch, i, kShards}));
+    ASSERT_EQ(shards[i]->install_tree(tree_cfg(2, true, false, kSlots)), 0);
+  }
+  EXPECT_EQ(shards[0]->local_slots(kSlots), 3u);  // 0 3 6
+  EXPECT_EQ(shards[1]->local_slots(kSlots), 3u);  // 1 4 7
+  EXPECT_EQ(shards[2]->local_slots(kSlots), 2u);  // 2 5
+  EXPECT_EQ(shards[2]->local_slots(2), 0u);
+  std::vector<TxFrame> tx(kMaxChildren);
+  for (std::uint32_t chunk = 0; chunk < 2 * kSlots; ++chunk) {
+    const std::uint32_t owner = chunk % kSlots % kShards;
+    for (std::uint32_t s = 0; s < kShards; ++s) {
+      std::size_t got = 0;
+      for (std::uint16_t c = 0; c < 2; ++c) {
+        const auto f = frame(child_ep(c), hdr(Opcode::contrib, chunk, c, 1, DType::f32, kSlots),
+                             {float(chunk + c)});
+        RxFrame rx{f.data(), f.size()};
+        std::size_t n = 0;
+        ASSERT_EQ(shards[s]->process_burst(&rx, 1, tx.data(), tx.size(), &n), 1u);
+        got += n;
+        if (n == 2) {
+          EXPECT_EQ(value(tx[0], 0), float(2 * chunk + 1));
+        }
+      }
+      EXPECT_EQ(got, s == owner ? 2u : 0u) << "chunk " << chunk << " shard " << s;
+    }
+  }
+  for (std::uint32_t s = 0; s < kShards; ++s) {
+    const Counters& c = shards[s]->counters();
+    const std::uint64_t own = s == 2 ? 4 : 6;  // chunks 0..15: slots owned twice each
+    EXPECT_EQ(c.event(Event::result_multicast), own);
+    EXPECT_EQ(c.drop(DropReason::wrong_shard), 2 * (2 * kSlots - own));
+    SlotView v;
+    EXPECT_EQ(shards[s]->slot_view(5, s, 0, &v), 0);
+    EXPECT_EQ(shards[s]->slot_view(5, (s + 1) % kShards, 0, &v), -EINVAL);
+  }
+}
+
+// A control thread installs and unpublishes trees while the datapath thread runs bursts: the
+// datapath sees either no tree (unknown_tree) or a whole one, never a torn one. Freed only after
+// the datapath has acknowledged a later burst (a hand-made grace period, as rte_rcu_qsbr gives).
+TEST(CoreConcurrency, PublishAndUnpublishWhileRunning) {
+  Core core(CoreConfig{kSwitch});
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> bursts{0};
+  std::thread dp([&] {
+    std::vector<TxFrame> tx(kMaxChildren);
+    const auto f = frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 1), {1.0f});
+    while (!stop.load(std::memory_order_relaxed)) {
+      RxFrame rx{f.data(), f.size()};
+      std::size_t n = 0;
+      core.process_burst(&rx, 1, tx.data(), tx.size(), &n);
+      bursts.fetch_add(1, std::memory_order_release);
+    }
+  });
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_EQ(core.install_tree(tree_cfg(1, true)), 0);
+    Tree* t = core.unpublish_tree(5);
+    ASSERT_NE(t, nullptr);
+    const std::uint64_t b = bursts.load(std::memory_order_acquire);
+    while (bursts.load(std::memory_order_acquire) < b + 2) std::this_thread::yield();
+    Core::destroy_tree(t);
+  }
+  stop = true;
+  dp.join();
+  const Counters& c = core.counters();
+  EXPECT_EQ(c.event(Event::rx_frames), bursts.load());
+  // Every frame either found the tree (root, one child: a RESULT) or did not (a NACK).
+  EXPECT_EQ(c.event(Event::result_multicast) + c.event(Event::result_unicast) +
+                c.drop(DropReason::unknown_tree),
+            bursts.load());
+  EXPECT_EQ(core.unpublish_tree(5), nullptr);
 }
 
 }  // namespace

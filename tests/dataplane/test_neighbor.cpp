@@ -175,3 +175,55 @@ TEST(Neighbor, EveryTruncationIsSafe) {
 
 }  // namespace
 }  // namespace treeduce::dp
+
+namespace treeduce::dp {
+namespace {
+
+// The switch resolves its next hops with its own requests; what it learns comes from parse_arp.
+TEST(ArpRequest, RoundTripsThroughAnswerAndParse) {
+  Endpoint asker;
+  asker.mac[0] = 0x02;
+  asker.mac[5] = 0x10;
+  asker.ip = 0x0A010001;
+  Endpoint target;
+  target.mac[0] = 0x02;
+  target.mac[5] = 0x20;
+  target.ip = 0x0A010002;
+  std::uint8_t req[kArpFrameBytes];
+  write_arp_request(req, asker, target.ip);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(req[i], 0xFF);
+  ArpSender s;
+  ASSERT_TRUE(parse_arp(req, sizeof req, &s));
+  EXPECT_TRUE(s.request);
+  EXPECT_EQ(s.ip, asker.ip);
+  EXPECT_EQ(s.target_ip, target.ip);
+  EXPECT_EQ(std::memcmp(s.mac, asker.mac, 6), 0);
+
+  std::uint8_t rep[128];
+  std::size_t n = 0;
+  ASSERT_EQ(answer_neighbor(req, sizeof req, target, rep, sizeof rep, &n),
+            NeighborVerdict::arp_reply);
+  ASSERT_TRUE(parse_arp(rep, n, &s));
+  EXPECT_FALSE(s.request);
+  EXPECT_EQ(s.ip, target.ip);
+  EXPECT_EQ(s.target_ip, asker.ip);
+  EXPECT_EQ(std::memcmp(s.mac, target.mac, 6), 0);
+  EXPECT_EQ(std::memcmp(rep, asker.mac, 6), 0);  // unicast back to the asker
+
+  // Nothing to learn from probes (sender 0.0.0.0), truncated frames, or non-ARP frames.
+  std::uint8_t probe[kArpFrameBytes];
+  Endpoint zero = asker;
+  zero.ip = 0;
+  write_arp_request(probe, zero, target.ip);
+  EXPECT_FALSE(parse_arp(probe, sizeof probe, &s));
+  EXPECT_FALSE(parse_arp(req, 41, &s));
+  EXPECT_FALSE(parse_arp(nullptr, 0, &s));
+  std::uint8_t not_arp[kArpFrameBytes];
+  std::memcpy(not_arp, req, sizeof req);
+  not_arp[12] = 0x08;
+  not_arp[13] = 0x00;
+  EXPECT_FALSE(parse_arp(not_arp, sizeof not_arp, &s));
+}
+
+}  // namespace
+}  // namespace treeduce::dp

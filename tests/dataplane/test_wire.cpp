@@ -25,7 +25,8 @@ static_assert(static_cast<int>(DropReason::unknown_tree) == 14);
 static_assert(static_cast<int>(DropReason::bad_key) == 15);
 static_assert(static_cast<int>(DropReason::chunk_mismatch) == 22);
 static_assert(static_cast<int>(DropReason::nack_received) == 29);
-static_assert(kNumDropReasons == 30);
+static_assert(static_cast<int>(DropReason::wrong_shard) == 30);
+static_assert(kNumDropReasons == 31);
 static_assert(static_cast<int>(Opcode::contrib) == 1 && static_cast<int>(Opcode::result) == 2 &&
               static_cast<int>(Opcode::nack) == 3);
 

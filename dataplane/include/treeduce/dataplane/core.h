@@ -2,12 +2,15 @@
 /// The switch core: what a treeduce switch does with every frame, independent of any I/O library.
 ///
 /// Datapath: Core::process_burst() takes a burst of received frames and produces frames to send.
-/// Control: install_tree() / remove_tree() between bursts. The core allocates only in the control
-/// calls; the per-packet path does not allocate, throw, lock or log. Slot semantics follow
+/// Control: install_tree() / remove_tree() between bursts, or, from another thread while the
+/// datapath runs, install_tree() / unpublish_tree() with a grace period before destroy_tree() (RCU;
+/// the DPDK daemon uses rte_rcu_qsbr). The core allocates only in the control calls; the
+/// per-packet path does not allocate, throw, lock or log. Slot semantics follow
 /// docs/protocol.md section "Switch behaviour"; design and measured costs are in
 /// docs/switch-core.md.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,6 +35,7 @@ enum class Role : std::uint8_t { leaf = 0, inner = 1, root = 2 };
 struct ChildConfig {
   Endpoint addr;            ///< where RESULTs go; CONTRIBs must come from addr.ip
   std::uint16_t hosts = 1;  ///< hosts under this child: the ncontrib its CONTRIBs must carry
+  bool operator==(const ChildConfig&) const = default;
 };
 
 /// Everything a switch needs to serve one tree. Built by the control plane.
@@ -49,6 +53,7 @@ struct TreeConfig {
   /// Keep each child's payload and reduce in child order when all are in: results bit-identical
   /// whatever the arrival order, loss and retransmissions.
   bool deterministic = false;
+  bool operator==(const TreeConfig&) const = default;
 };
 
 /// A received frame: the bytes stay owned by the caller.
@@ -92,11 +97,18 @@ struct SlotView {
 /// Switch-wide settings.
 struct CoreConfig {
   Endpoint self;  ///< this switch's MAC, IPv4 address and UDP port
+  /// Slot sharding across datapath threads: this core owns the slots s with s % shards == shard
+  /// and allocates memory for those only. A frame for another shard's slot is dropped as
+  /// wrong_shard (the daemon steers frames to the owner first, so that counter stays 0).
+  std::uint32_t shard = 0;
+  std::uint32_t shards = 1;
 };
 
 struct Tree;  // defined in core.cpp
 
-/// One switch's aggregation engine. Single-threaded: one thread calls everything.
+/// One switch's aggregation engine (or one shard of it). One datapath thread calls
+/// process_burst(); the tree table may be changed by one control thread at the same time through
+/// install_tree() and unpublish_tree(): lookups are acquire loads of one pointer per frame.
 class Core {
  public:
   explicit Core(const CoreConfig& cfg);
@@ -104,14 +116,27 @@ class Core {
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
 
+  /// Why install_tree() would refuse `cfg` with -EINVAL (a phrase without a full stop, e.g.
+  /// "slots must be a power of two from 1 to 4096"), or nullptr when it is acceptable.
+  static const char* check_config(const TreeConfig& cfg) noexcept;
   /// Install a tree. Returns 0, -EINVAL (bad config: sizes, masks, children, role), -EEXIST (id
-  /// in use) or -ENOMEM. Allocates all slot memory and output headers of the tree.
+  /// in use) or -ENOMEM. Allocates all slot memory (this shard's) and output headers of the tree,
+  /// then publishes it with one release store: safe while another thread runs process_burst().
   int install_tree(const TreeConfig& cfg);
-  /// Remove a tree and free its memory. Returns 0 or -ENOENT. Frames for it are then dropped as
-  /// unknown_tree.
+  /// Remove a tree and free its memory at once. Returns 0 or -ENOENT. Frames for it are then
+  /// dropped as unknown_tree. Only when no other thread is inside process_burst().
   int remove_tree(std::uint16_t tree_id);
-  /// Number of installed trees.
+  /// Take a tree out of the table without freeing it (nullptr when there is none): frames that
+  /// look it up from now on see unknown_tree, but a process_burst() already running may still
+  /// use it. Free it with destroy_tree() once every datapath thread has passed a quiescent point.
+  Tree* unpublish_tree(std::uint16_t tree_id) noexcept;
+  static void destroy_tree(Tree* t) noexcept;
+  /// Number of installed trees (control thread).
   std::size_t tree_count() const noexcept;
+  /// The configuration a tree was installed with, or nullptr (control thread).
+  const TreeConfig* tree_config(std::uint16_t tree_id) const noexcept;
+  /// Slot versions this core holds for a tree of `slots` slots (its shard's share).
+  std::uint32_t local_slots(std::uint32_t slots) const noexcept;
 
   /// Process up to `n_rx` received frames. Writes up to `tx_cap` frames to `tx` and their number
   /// to `*n_tx`. Returns how many received frames were consumed: fewer than `n_rx` only when `tx`
@@ -123,7 +148,8 @@ class Core {
 
   /// Switch-wide counters (every frame).
   const Counters& counters() const noexcept { return counters_; }
-  /// A tree's counters (frames that named an installed tree), or nullptr.
+  /// A tree's counters (frames that named an installed tree), or nullptr. From another thread
+  /// than the datapath's, read them with load_counters() (they are written without atomics).
   const Counters* tree_counters(std::uint16_t tree_id) const noexcept;
   /// A slot version's bookkeeping. Returns 0, -ENOENT (no tree) or -EINVAL (slot/ver range).
   int slot_view(std::uint16_t tree_id, std::uint32_t slot, unsigned ver, SlotView* out) const;
@@ -138,8 +164,9 @@ class Core {
 
   CoreConfig cfg_;
   Counters counters_;
-  /// Indexed by tree id: a lookup is one load. 512 KiB of pointers per switch.
-  std::vector<std::unique_ptr<Tree>> trees_;
+  /// Indexed by tree id: a lookup is one load. 512 KiB of pointers per core. Owning: a published
+  /// Tree is deleted by remove_tree(), destroy_tree() after unpublish_tree(), or ~Core().
+  std::unique_ptr<std::atomic<Tree*>[]> trees_;
   std::size_t ntrees_ = 0;
 };
 

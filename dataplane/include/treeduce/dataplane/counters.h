@@ -46,7 +46,8 @@ namespace treeduce::dp {
   _(stale_result,      0, "RESULT for a chunk the slot version does not hold")                    \
   _(duplicate_result,  0, "RESULT for a slot version that already has it")                        \
   _(unexpected_result, 0, "RESULT at a root, or for a slot that never sent its partial up")      \
-  _(nack_received,     0, "a NACK arrived at a switch (counted, not acted on)")
+  _(nack_received,     0, "a NACK arrived at a switch (counted, not acted on)")                  \
+  _(wrong_shard,       0, "slot owned by another datapath thread of the switch (steering bug)")
 // clang-format on
 
 /// Why the core dropped a frame.
@@ -105,5 +106,11 @@ struct Counters {
   /// Sum of all drop counters.
   std::uint64_t total_drops() const noexcept;
 };
+
+/// Copy counters that another thread is writing (plain increments on x86-64 are single aligned
+/// stores, so relaxed atomic loads see whole values; the sum may be a few packets behind).
+void load_counters(const Counters& from, Counters* to) noexcept;
+/// `*to += from`, element-wise, with load_counters()' semantics for `from`.
+void add_counters(const Counters& from, Counters* to) noexcept;
 
 }  // namespace treeduce::dp

@@ -55,4 +55,23 @@ enum class NeighborVerdict : std::uint8_t {
 NeighborVerdict answer_neighbor(const std::uint8_t* frame, std::size_t len, const Endpoint& self,
                                 std::uint8_t* out, std::size_t cap, std::size_t* out_len) noexcept;
 
+/// What an ARP packet says about its sender: how a switch learns its neighbours.
+struct ArpSender {
+  std::uint32_t ip = 0;  ///< sender IPv4, host order
+  std::uint8_t mac[6] = {};
+  std::uint32_t target_ip = 0;  ///< host order
+  bool request = false;         ///< a request (else a reply)
+};
+
+/// If `frame` is a well-formed ARP request or reply for Ethernet/IPv4, fills `*out` and returns
+/// true. A sender of 0.0.0.0 (ARP probe) or a multicast sender MAC yields false: nothing to learn.
+bool parse_arp(const std::uint8_t* frame, std::size_t len, ArpSender* out) noexcept;
+
+/// Bytes written by write_arp_request(): a minimum-size Ethernet frame.
+inline constexpr std::size_t kArpFrameBytes = 60;
+
+/// Write a broadcast ARP request "who has `target` (host order)? tell self.ip" from `self.mac`
+/// into `out` (kArpFrameBytes bytes, padded with zeros).
+void write_arp_request(std::uint8_t* out, const Endpoint& self, std::uint32_t target) noexcept;
+
 }  // namespace treeduce::dp

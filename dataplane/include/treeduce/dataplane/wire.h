@@ -120,6 +120,7 @@ struct Endpoint {
   std::uint8_t mac[6] = {};
   std::uint32_t ip = 0;    ///< host byte order
   std::uint16_t port = 0;  ///< host byte order
+  bool operator==(const Endpoint&) const = default;
 };
 
 /// RFC 1071 Internet checksum of `len` bytes (an odd last byte is padded with zero); 0 when a
