@@ -80,12 +80,15 @@ struct Tree {
   agg::ReduceFn reduce[kNumDTypes][kNumReduceOps] = {};
   agg::EmitFn emit[kNumDTypes] = {};
   std::vector<SlotMeta> meta;  // slot * 2 + version
-  // Per slot version, at mem + index * stride: accumulator (32-bit lanes), then the outgoing
-  // payload (the partial sent up, later the RESULT sent down), then in deterministic mode one
-  // payload per child.
+  // Per slot version, at mem + index * stride: accumulator (32-bit lanes), the outgoing payload
+  // (a root's RESULT, a non-root's partial), a non-root's RESULT from its parent, then in
+  // deterministic mode one payload per child. The partial and the RESULT have their own buffers
+  // because a burst may re-send the partial (a duplicate) and then take the RESULT: both frames
+  // are still unsent when process_burst() returns.
   std::unique_ptr<std::uint8_t, AlignedFree> mem;
   std::size_t stride = 0;
   std::size_t out_off = 0;
+  std::size_t res_off = 0;
   std::size_t det_off = 0;
   // Ethernet+IPv4+UDP headers for a full-size payload, with checksums: per child and to the
   // parent. A shorter payload (a collective's last chunk) rebuilds them.
@@ -169,7 +172,8 @@ int Core::install_tree(const TreeConfig& cfg) {
   const auto round64 = [](std::size_t b) { return (b + 63) & ~std::size_t{63}; };
   const std::size_t acc_bytes = round64(cfg.payload_bytes / min_size * 4);
   t->out_off = acc_bytes;
-  t->det_off = acc_bytes + cfg.payload_bytes;
+  t->res_off = t->root ? t->out_off : t->out_off + cfg.payload_bytes;
+  t->det_off = t->res_off + cfg.payload_bytes;
   t->stride = t->det_off + (cfg.deterministic ? t->nchildren * std::size_t{cfg.payload_bytes} : 0);
   const std::size_t local = local_slots(cfg.slots);
   const std::size_t total = std::max<std::size_t>(t->stride * local * 2, 64);
@@ -361,6 +365,7 @@ std::size_t Core::handle(const std::uint8_t* data, std::size_t len, TxFrame* tx,
   std::uint8_t* const base = t->mem.get() + si * t->stride;
   std::uint8_t* const acc = base;
   std::uint8_t* const outbuf = base + t->out_off;
+  std::uint8_t* const resbuf = base + t->res_off;
   const bool full = plen == t->cfg.payload_bytes;
 
   // The header of everything this slot version sends: patched per destination below.
@@ -392,7 +397,7 @@ std::size_t Core::handle(const std::uint8_t* data, std::size_t len, TxFrame* tx,
     for (std::uint16_t c = 0; c < n; ++c) {
       const std::uint16_t child = static_cast<std::uint16_t>(first + c);
       emit_frame(tx[c], &t->child_l2l4[child * kL2L4Bytes], full, cfg_.self,
-                 t->cfg.children[child].addr, o, outbuf, plen);
+                 t->cfg.children[child].addr, o, resbuf, plen);
       // Patch the child index in the frame, not in `o`: a 2-byte store into `o` followed by its
       // 32-byte copy stalls store forwarding, which cost ~10 ns per copy (perf, 256 B fan-in 8).
       const std::uint16_t be_child = bswap_be(child);
@@ -413,7 +418,7 @@ std::size_t Core::handle(const std::uint8_t* data, std::size_t len, TxFrame* tx,
     if (m.dtype != dtype || m.op != op || m.count != count) {
       return refuse(DropReason::chunk_mismatch);
     }
-    std::memcpy(outbuf, p.payload, plen);
+    std::memcpy(resbuf, p.payload, plen);
     m.ncontrib = bswap_be(h.ncontrib);
     m.state = SlotState::done;
     event(t, Event::result_multicast);

@@ -453,3 +453,35 @@ TEST(CoreConcurrency, PublishAndUnpublishWhileRunning) {
 
 }  // namespace
 }  // namespace treeduce::dp
+
+namespace treeduce::dp {
+namespace {
+
+using namespace testing;
+
+// A duplicate re-sends the partial, then the parent's RESULT arrives in the same burst: both
+// output frames are unsent when process_burst() returns, so each keeps its own payload.
+TEST(CoreLeaf, PartialAndResultInOneBurstKeepTheirPayloads) {
+  Harness h;
+  ASSERT_EQ(h.core.install_tree(tree_cfg(2, false)), 0);
+  h.feed(frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 2), {1, 2}));
+  ASSERT_EQ(h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 2), {10, 20})).size(), 1u);
+  const auto dup = frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 2), {10, 20});
+  const auto res = frame(kParent, hdr(Opcode::result, 0, 3, 2, DType::f32, 4, 0, 9), {7, 8});
+  const RxFrame rx[2] = {{dup.data(), dup.size()}, {res.data(), res.size()}};
+  std::size_t n = 0;
+  ASSERT_EQ(h.core.process_burst(rx, 2, h.tx.data(), h.tx.size(), &n), 2u);
+  ASSERT_EQ(n, 3u);  // the partial again, then the RESULT to both children
+  EXPECT_EQ(td_of(h.tx[0]).opcode, static_cast<std::uint8_t>(Opcode::contrib));
+  EXPECT_EQ(value(h.tx[0], 0), 11.0f);
+  EXPECT_EQ(value(h.tx[0], 1), 22.0f);
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(td_of(h.tx[i]).opcode, static_cast<std::uint8_t>(Opcode::result));
+    EXPECT_EQ(value(h.tx[i], 0), 7.0f);
+    EXPECT_EQ(value(h.tx[i], 1), 8.0f);
+  }
+  EXPECT_NE(h.tx[0].payload, h.tx[1].payload);
+}
+
+}  // namespace
+}  // namespace treeduce::dp
