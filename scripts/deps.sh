@@ -13,6 +13,9 @@ TREEDUCE_PACKAGES=(
   # the Aggregation Manager: gRPC and protobuf, topology YAML, SQLite state, oneTBB, CLI11, JSON
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev libsqlite3-dev libtbb-dev libcli11-dev nlohmann-json3-dev
+  # the DPDK switch: DPDK (dpdk-dev has dpdk-testpmd, the benchmark baseline), the metrics
+  # endpoint, pcap files for golden tests, network namespaces and veth pairs for fabrics
+  libdpdk-dev dpdk-dev libcpp-httplib-dev libpcap-dev iproute2 iputils-ping
 )
 
 treeduce_install_deps() {

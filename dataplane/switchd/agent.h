@@ -1,0 +1,74 @@
+/// @file
+/// The switch's side of the Aggregation Manager's API (control/api/manager.proto): it registers
+/// with the manager's SwitchRegistry, heartbeats, and serves SwitchAgent (InstallTree,
+/// RemoveTree) by calling a TreeControl. The gRPC edge of the switch: status codes are made here
+/// and nowhere else.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "treeduce/dataplane/core.h"
+
+namespace treeduce::switchd {
+
+/// What the switch can do with trees; implemented by the daemon (and by fakes in tests).
+/// Calls may come from several threads at once; implementations serialise them.
+class TreeControl {
+ public:
+  virtual ~TreeControl() = default;
+  /// 0, or a negative errno: -EEXIST (id in use with another config; an identical re-install
+  /// returns 0), -EINVAL (config refused; `*why` says why), -ENOMEM.
+  virtual int install(const dp::TreeConfig& t, const std::string& job, std::string* why) = 0;
+  /// 0 or -ENOENT.
+  virtual int remove(std::uint16_t tree_id) = 0;
+};
+
+/// Limits advertised to the manager at registration (manager.proto Resources).
+struct AgentResources {
+  std::uint32_t max_trees = 4096;
+  std::uint32_t max_slots = 1u << 20;
+  std::uint32_t max_payload_bytes = 8192;
+  std::uint64_t memory_bytes = 1ull << 30;
+  std::uint32_t max_children = 64;
+  std::uint32_t dtype_mask = 0x3F;
+  std::uint32_t op_mask = 0x7;
+  bool deterministic = true;
+};
+
+struct AgentOptions {
+  std::string switch_name;
+  std::string listen = "127.0.0.1:0";  ///< SwitchAgent server address
+  std::string advertise;               ///< empty: listen's address with the bound port
+  std::string manager;                 ///< empty: serve SwitchAgent without registering
+  std::uint32_t heartbeat_ms = 1000;
+  /// Limits to register with. Unset: the manager keeps the switch's profile from its topology
+  /// (an emulated Quantum-2 stays one; a registration with limits would replace the profile).
+  std::optional<AgentResources> resources;
+};
+
+/// Serves SwitchAgent and keeps the switch registered: registration is retried (with backoff,
+/// 50 ms to 1 s) until the manager answers, and again whenever a heartbeat says the manager does
+/// not know the switch (a manager restart), so neither may start first.
+class Agent {
+ public:
+  /// nullptr and a sentence in `*error` when `listen` cannot be bound or is malformed.
+  static std::unique_ptr<Agent> start(const AgentOptions& opt, TreeControl& trees,
+                                      std::string* error);
+  ~Agent();  ///< stops heartbeats and the server
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+  int port() const noexcept;
+  /// True once the manager accepted the registration (and has not forgotten it since).
+  bool registered() const noexcept;
+
+ private:
+  struct Impl;
+  explicit Agent(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace treeduce::switchd

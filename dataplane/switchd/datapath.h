@@ -1,0 +1,58 @@
+/// @file
+/// treeduce-switch's datapath: dp::Core shards on DPDK ports (docs/switch.md).
+///
+/// One worker per datapath lcore, run to completion: RX bursts from its queue of every port, hand
+/// frames whose slot another worker owns to that worker's ring (software steering after RSS; hosts
+/// pick the UDP source port from the slot so RSS spreads slots over queues), run its Core shard,
+/// build the output mbufs (a multicast is one header mbuf per child chained to one shared payload
+/// mbuf), resolve the next hop and buffer TX per port, drained when the RX queues run dry or on a
+/// timer. No allocation, lock or log per packet. ARP and ICMP echo are answered on the lcore that
+/// receives them.
+///
+/// The control side (gRPC agent, static config, telemetry, a neighbour thread) changes trees and
+/// the neighbour table through RCU: publish, rte_rcu_qsbr_synchronize, free.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "agent.h"
+#include "config.h"
+#include "stats.h"
+
+namespace treeduce::switchd {
+
+/// Set by SIGINT/SIGTERM (or run_ms / exit_idle_ms): every loop ends and the switch shuts down.
+extern std::atomic<bool> g_stop;
+
+class Switch final : public TreeControl {
+ public:
+  /// Sets up ports, pools, rings, RCU and cores after rte_eal_init(); nullptr and one sentence
+  /// in `*error` when a port is missing or cannot be configured as asked.
+  static std::unique_ptr<Switch> create(const SwitchConfig& cfg, std::string* error);
+  ~Switch() override;
+  Switch(const Switch&) = delete;
+  Switch& operator=(const Switch&) = delete;
+
+  /// Runs the workers on their lcores (this thread's lcore included when it is one of them) and
+  /// the neighbour thread until g_stop; then drains TX and stops the ports.
+  void run();
+
+  int install(const dp::TreeConfig& t, const std::string& job, std::string* why) override;
+  int remove(std::uint16_t tree_id) override;
+
+  Snapshot snapshot() const;
+
+  struct Impl;
+
+ private:
+  explicit Switch(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// DPDK telemetry commands /treeduce/stats, /treeduce/ports, /treeduce/trees, /treeduce/tree,<id>
+/// over `sw`'s snapshots. Call once after rte_eal_init().
+void register_telemetry(const Switch* sw);
+
+}  // namespace treeduce::switchd

@@ -1,0 +1,114 @@
+// treeduce-switch: the DPDK switch daemon (docs/switch.md).
+//   treeduce-switch [EAL arguments] -- [--config FILE] [treeduce arguments]
+#include <rte_eal.h>
+#include <rte_errno.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "datapath.h"
+
+using namespace treeduce::switchd;
+
+namespace {
+
+void on_signal(int) { g_stop.store(true); }
+
+int fail(const std::string& sentence, int code) {
+  std::fprintf(stderr, "treeduce-switch: %s\n", sentence.c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Our arguments are checked before the EAL starts, so a mistake in them costs one sentence and
+  // no DPDK start-up noise.
+  int split = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) {
+      split = i;
+      break;
+    }
+  }
+  std::vector<const char*> ours{argv[0]};
+  for (int i = split + 1; i < argc; ++i) ours.push_back(argv[i]);
+  if (split == argc) {
+    for (int i = 1; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+        ours.push_back("--help");
+        break;
+      }
+    }
+  }
+  ConfigResult parsed = parse_args(static_cast<int>(ours.size()), ours.data());
+  if (parsed.help) {
+    std::printf("Usage: treeduce-switch [EAL arguments] -- [treeduce arguments]\n\n%s\n",
+                parsed.error.c_str());
+    return 0;
+  }
+  if (!parsed.config) return fail(parsed.error, 2);
+  const SwitchConfig& cfg = *parsed.config;
+
+  if (rte_eal_init(split, argv) < 0) {
+    return fail(std::string("DPDK EAL initialisation failed (") + rte_strerror(rte_errno) +
+                    "); check the EAL arguments before '--'.",
+                2);
+  }
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  int rc = 0;
+  {
+    std::string error;
+    std::unique_ptr<Switch> sw = Switch::create(cfg, &error);
+    if (!sw) {
+      rc = fail(error, 1);
+    } else {
+      register_telemetry(sw.get());
+      std::unique_ptr<MetricsServer> metrics;
+      if (!cfg.metrics_listen.empty()) {
+        metrics = MetricsServer::start(
+            cfg.metrics_listen, [&sw] { return sw->snapshot(); }, &error);
+        if (!metrics) rc = fail(error, 1);
+      }
+      std::unique_ptr<Agent> agent;
+      if (rc == 0) {
+        AgentOptions ao;
+        ao.switch_name = cfg.name;
+        ao.listen = cfg.agent_listen;
+        ao.advertise = cfg.agent_advertise;
+        ao.manager = cfg.manager;
+        ao.heartbeat_ms = cfg.heartbeat_ms;
+        agent = Agent::start(ao, *sw, &error);
+        if (!agent) rc = fail(error, 1);
+      }
+      if (rc == 0) {
+        std::fprintf(stderr,
+                     "treeduce-switch: %s ready: data %s:%u, %zu port(s), metrics port %d, agent "
+                     "port %d%s%s\n",
+                     cfg.name.c_str(), format_ipv4(cfg.data.ip).c_str(), cfg.data.port,
+                     cfg.ports.size(), metrics ? metrics->port() : 0, agent->port(),
+                     cfg.manager.empty() ? "" : ", manager ", cfg.manager.c_str());
+        sw->run();
+        const Snapshot last = sw->snapshot();
+        std::fprintf(stderr, "treeduce-switch: %s stopping; final counters:\n%s", cfg.name.c_str(),
+                     render_summary(last).c_str());
+        if (!cfg.final_stats.empty()) {
+          std::ofstream out(cfg.final_stats);
+          out << render_prometheus(last);
+          if (!out) rc = fail("cannot write " + cfg.final_stats + ".", 1);
+        }
+      }
+      agent.reset();
+      metrics.reset();
+      register_telemetry(nullptr);
+    }
+  }
+  rte_eal_cleanup();
+  return rc;
+}

@@ -1,0 +1,182 @@
+#include "netns.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace treeduce::testing {
+
+int sh(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  if (rc == -1 || !WIFEXITED(rc)) return -1;
+  return WEXITSTATUS(rc);
+}
+
+namespace {
+
+/// Namespaces of earlier runs whose process is gone (a test killed by its timeout): td<pid>...
+void reap_stale_namespaces() {
+  FILE* f = popen("ip netns list 2>/dev/null", "r");
+  if (f == nullptr) return;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    std::string name(line);
+    name = name.substr(0, name.find_first_of(" \n"));
+    if (name.rfind("td", 0) != 0) continue;
+    const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + 2));
+    if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) continue;
+    sh("ip netns pids " + name + " 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del " +
+       name + " 2>/dev/null");
+  }
+  pclose(f);
+}
+
+}  // namespace
+
+Lab::Lab(const std::string& tag) {
+  reap_stale_namespaces();
+  prefix_ = "td" + std::to_string(getpid()) + tag;
+  char tmpl[] = "/tmp/treeduce-lab-XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  dir_ = d != nullptr ? d : "/tmp";
+}
+
+Lab::~Lab() {
+  for (Proc* p : procs_) {
+    if (!p->done) stop(*p, std::chrono::milliseconds(2000));
+  }
+  for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) {
+    sh("ip netns pids " + *it + " 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del " + *it +
+       " 2>/dev/null");
+  }
+  for (Proc* p : procs_) delete p;
+  // Logs stay when the test asks for it (debugging a failure); the namespaces never do.
+  if (std::getenv("TREEDUCE_KEEP_LAB") == nullptr && dir_ != "/tmp") {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+}
+
+std::string Lab::netns(const std::string& name) {
+  const std::string full = prefix_ + "-" + name;
+  if (sh("ip netns add " + full) == 0) {
+    namespaces_.push_back(full);
+    sh("ip -n " + full + " link set lo up");
+  }
+  return full;
+}
+
+bool Lab::veth(const std::string& ns_a, const std::string& a, const std::string& ns_b,
+               const std::string& b) {
+  // Created in the root namespace under temporary names, then moved: names only need to be
+  // unique inside their namespace afterwards.
+  static int n = 0;
+  const std::string ta = "tdv" + std::to_string(getpid() % 100000) + "a" + std::to_string(n);
+  const std::string tb = "tdv" + std::to_string(getpid() % 100000) + "b" + std::to_string(n);
+  ++n;
+  const std::string cmds[] = {
+      "ip link add " + ta + " type veth peer name " + tb,
+      "ip link set " + ta + " netns " + ns_a + " name " + a,
+      "ip link set " + tb + " netns " + ns_b + " name " + b,
+      "ip -n " + ns_a + " link set " + a + " up",
+      "ip -n " + ns_b + " link set " + b + " up",
+  };
+  for (const std::string& c : cmds) {
+    if (sh(c) != 0) {
+      std::fprintf(stderr, "lab: failed: %s\n", c.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+int Lab::in(const std::string& ns, const std::string& cmd) {
+  return sh("ip netns exec " + ns + " " + cmd);
+}
+
+Proc& Lab::spawn(const std::string& name, const std::string& ns,
+                 const std::vector<std::string>& argv) {
+  auto* p = new Proc;
+  procs_.push_back(p);
+  p->name = name;
+  p->log = dir_ + "/" + name + ".log";
+  std::vector<std::string> full;
+  if (!ns.empty()) full = {"ip", "netns", "exec", ns};
+  full.insert(full.end(), argv.begin(), argv.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(p->log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> args;
+    for (auto& s : full) args.push_back(s.data());
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  p->pid = pid;
+  return *p;
+}
+
+bool Lab::reap(Proc& p, bool block) {
+  if (p.done) return true;
+  int st = 0;
+  const pid_t r = waitpid(p.pid, &st, block ? 0 : WNOHANG);
+  if (r != p.pid) return false;
+  p.done = true;
+  p.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return true;
+}
+
+bool Lab::wait(Proc& p, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!reap(p, false)) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+int Lab::stop(Proc& p, std::chrono::milliseconds grace) {
+  if (p.done) return p.status;
+  kill(p.pid, SIGTERM);
+  if (!wait(p, grace)) {
+    kill(p.pid, SIGKILL);
+    reap(p, true);
+  }
+  return p.status;
+}
+
+std::string Lab::read_log(const Proc& p) {
+  std::ifstream f(p.log);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool Lab::wait_log(Proc& p, const std::string& text, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (read_log(p).find(text) != std::string::npos) return true;
+    if (reap(p, false)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+std::string Lab::write(const std::string& name, const std::string& text) {
+  const std::string path = dir_ + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+}  // namespace treeduce::testing

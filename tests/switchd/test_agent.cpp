@@ -1,0 +1,505 @@
+// The switch agent over real gRPC on 127.0.0.1: SwitchAgent calls straight from a stub (conversion
+// and status codes), then against the real manager (ManagerServer + JobRegistry) started before,
+// after and again during the agent's life. Trees land in a recording TreeControl.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <mutex>
+#include <thread>
+
+#include "agent.h"
+#include "grpc_edge.h"
+#include "treeduce/control/topology.h"
+
+namespace pb = treeduce::control::v1;
+namespace ctl = treeduce::ctl;
+namespace dp = treeduce::dp;
+using treeduce::switchd::Agent;
+using treeduce::switchd::AgentOptions;
+using treeduce::switchd::TreeControl;
+
+namespace {
+
+/// Records every call and answers with what the test chose.
+class FakeTrees final : public TreeControl {
+ public:
+  struct Install {
+    dp::TreeConfig cfg;
+    std::string job;
+  };
+  int install(const dp::TreeConfig& t, const std::string& job, std::string* why) override {
+    std::lock_guard l(mu_);
+    installs_.push_back({t, job});
+    *why = why_;
+    return install_rc_;
+  }
+  int remove(std::uint16_t tree_id) override {
+    std::lock_guard l(mu_);
+    removes_.push_back(tree_id);
+    return remove_rc_;
+  }
+  void answer(int install_rc, int remove_rc, std::string why = "") {
+    std::lock_guard l(mu_);
+    install_rc_ = install_rc;
+    remove_rc_ = remove_rc;
+    why_ = std::move(why);
+  }
+  std::vector<Install> installs() {
+    std::lock_guard l(mu_);
+    return installs_;
+  }
+  std::vector<std::uint16_t> removes() {
+    std::lock_guard l(mu_);
+    return removes_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Install> installs_;
+  std::vector<std::uint16_t> removes_;
+  int install_rc_ = 0, remove_rc_ = 0;
+  std::string why_;
+};
+
+template <typename Pred>
+bool eventually(Pred p, int ms = 3000) {
+  for (int i = 0; i < ms / 10; ++i) {
+    if (p()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return p();
+}
+
+std::string local(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+/// A port nobody listens on yet, so an agent can be pointed at a manager that does not exist.
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), len), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+pb::TreeInstall full_install() {
+  pb::TreeInstall p;
+  p.set_switch_name("leaf0");
+  p.set_tree_id(65535);
+  p.set_key(0x0123456789ABCDEFull);
+  p.set_role(pb::TreeInstall::ROLE_INNER);
+  p.mutable_parent()->set_ip(0x0A000003);
+  p.mutable_parent()->set_port(4791);
+  p.set_index_at_parent(65535);
+  auto* c0 = p.add_children();
+  c0->mutable_addr()->set_ip(0x0A010001);
+  c0->mutable_addr()->set_port(7000);
+  c0->set_hosts(1);
+  auto* c1 = p.add_children();
+  c1->mutable_addr()->set_ip(0x0A010002);
+  c1->mutable_addr()->set_port(65535);
+  c1->set_hosts(65535);
+  p.set_slots(64);
+  p.set_payload_bytes(2048);
+  p.set_dtype_mask(0x05);
+  p.set_op_mask(0x03);
+  p.set_deterministic(true);
+  p.set_job("train");
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwitchAgent called directly.
+
+struct Direct : ::testing::Test {
+  FakeTrees trees;
+  std::unique_ptr<Agent> agent;
+  std::unique_ptr<pb::SwitchAgent::Stub> stub;
+
+  void SetUp() override {
+    AgentOptions o;
+    o.switch_name = "leaf0";
+    std::string err;
+    agent = Agent::start(o, trees, &err);
+    ASSERT_TRUE(agent) << err;
+    stub = pb::SwitchAgent::NewStub(
+        grpc::CreateChannel(local(agent->port()), grpc::InsecureChannelCredentials()));
+  }
+  grpc::Status install(const pb::TreeInstall& p) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::AgentReply rep;
+    return stub->InstallTree(&ctx, p, &rep);
+  }
+  grpc::Status remove(const std::string& sw, std::uint32_t id) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::TreeRemove r;
+    r.set_switch_name(sw);
+    r.set_tree_id(id);
+    pb::AgentReply rep;
+    return stub->RemoveTree(&ctx, r, &rep);
+  }
+};
+
+}  // namespace
+
+TEST_F(Direct, InstallConvertsEveryField) {
+  ASSERT_TRUE(install(full_install()).ok());
+  auto got = trees.installs();
+  ASSERT_EQ(got.size(), 1u);
+  const dp::TreeConfig& c = got[0].cfg;
+  EXPECT_EQ(got[0].job, "train");
+  EXPECT_EQ(c.tree_id, 65535);
+  EXPECT_EQ(c.key, 0x0123456789ABCDEFull);
+  EXPECT_EQ(c.role, dp::Role::inner);
+  EXPECT_EQ(c.parent.ip, 0x0A000003u);
+  EXPECT_EQ(c.parent.port, 4791);
+  EXPECT_EQ(c.index_at_parent, 65535);
+  ASSERT_EQ(c.children.size(), 2u);
+  EXPECT_EQ(c.children[0].addr.ip, 0x0A010001u);
+  EXPECT_EQ(c.children[0].addr.port, 7000);
+  EXPECT_EQ(c.children[0].hosts, 1);
+  EXPECT_EQ(c.children[1].addr.ip, 0x0A010002u);
+  EXPECT_EQ(c.children[1].addr.port, 65535);
+  EXPECT_EQ(c.children[1].hosts, 65535);
+  EXPECT_EQ(c.slots, 64u);
+  EXPECT_EQ(c.payload_bytes, 2048u);
+  EXPECT_EQ(c.dtype_mask, 0x05);
+  EXPECT_EQ(c.op_mask, 0x03);
+  EXPECT_TRUE(c.deterministic);
+}
+
+TEST_F(Direct, EveryRoleMapsToItsOwn) {
+  const std::pair<pb::TreeInstall::Role, dp::Role> roles[] = {
+      {pb::TreeInstall::ROLE_LEAF, dp::Role::leaf},
+      {pb::TreeInstall::ROLE_INNER, dp::Role::inner},
+      {pb::TreeInstall::ROLE_ROOT, dp::Role::root}};
+  for (auto [p, d] : roles) {
+    auto m = full_install();
+    m.set_role(p);
+    ASSERT_TRUE(install(m).ok());
+    EXPECT_EQ(trees.installs().back().cfg.role, d) << p;
+  }
+}
+
+TEST_F(Direct, ErrnosBecomeStatusCodes) {
+  trees.answer(-EEXIST, 0);
+  auto m = full_install();
+  m.set_tree_id(7);
+  grpc::Status s = install(m);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(s.error_message(), "Tree 7 is installed with another configuration.");
+
+  trees.answer(-EINVAL, 0, "A window of 3 slots is not a power of two.");
+  s = install(m);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "A window of 3 slots is not a power of two.");
+
+  trees.answer(-EINVAL, 0);  // a refusal without a reason still gets a sentence
+  s = install(m);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("tree 7"), std::string::npos) << s.error_message();
+
+  trees.answer(-ENOMEM, 0);
+  s = install(m);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("tree 7"), std::string::npos) << s.error_message();
+
+  trees.answer(-EIO, -EIO);
+  EXPECT_EQ(install(m).error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_EQ(remove("leaf0", 7).error_code(), grpc::StatusCode::INTERNAL);
+
+  trees.answer(0, -ENOENT);
+  s = remove("leaf0", 7);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), "Tree 7 is not installed on leaf0.");
+
+  trees.answer(0, 0);
+  EXPECT_TRUE(remove("leaf0", 65535).ok());
+  EXPECT_EQ(trees.removes(), (std::vector<std::uint16_t>{7, 7, 65535}));
+  EXPECT_EQ(trees.installs().size(), 5u);
+}
+
+TEST_F(Direct, AnotherSwitchsTreeIsRefused) {
+  auto m = full_install();
+  m.set_switch_name("leaf1");
+  grpc::Status s = install(m);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "This agent serves switch 'leaf0', not 'leaf1'.");
+  EXPECT_EQ(remove("leaf1", 1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(trees.installs().empty());
+  EXPECT_TRUE(trees.removes().empty());
+}
+
+TEST_F(Direct, ValuesTooWideForTheSwitchAreRefusedNotTruncated) {
+  const std::pair<const char*, void (*)(pb::TreeInstall&)> cases[] = {
+      {"Tree id", [](pb::TreeInstall& m) { m.set_tree_id(65536); }},
+      {"Role 3", [](pb::TreeInstall& m) { m.set_role(pb::TreeInstall::Role(3)); }},
+      {"parent port", [](pb::TreeInstall& m) { m.mutable_parent()->set_port(65536); }},
+      {"index at parent", [](pb::TreeInstall& m) { m.set_index_at_parent(65536); }},
+      {"Child 1", [](pb::TreeInstall& m) { m.mutable_children(1)->set_hosts(65536); }},
+      {"port 70000",
+       [](pb::TreeInstall& m) { m.mutable_children(0)->mutable_addr()->set_port(70000); }},
+      {"mask", [](pb::TreeInstall& m) { m.set_dtype_mask(0x100); }},
+      {"mask", [](pb::TreeInstall& m) { m.set_op_mask(0x100); }},
+  };
+  for (auto [what, mutate] : cases) {
+    auto m = full_install();
+    mutate(m);
+    grpc::Status s = install(m);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
+    EXPECT_NE(s.error_message().find(what), std::string::npos) << s.error_message();
+    EXPECT_EQ(s.error_message().back(), '.') << s.error_message();
+  }
+  EXPECT_EQ(remove("leaf0", 65536).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(trees.installs().empty());
+  EXPECT_TRUE(trees.removes().empty());
+}
+
+TEST(AgentStart, ABusyOrMalformedAddressIsASentence) {
+  FakeTrees trees;
+  AgentOptions o;
+  o.switch_name = "leaf0";
+  std::string err;
+  auto first = Agent::start(o, trees, &err);
+  ASSERT_TRUE(first) << err;
+  EXPECT_GT(first->port(), 0);
+  EXPECT_FALSE(first->registered());  // no manager: serve only
+
+  o.listen = local(first->port());
+  EXPECT_EQ(Agent::start(o, trees, &err), nullptr);
+  EXPECT_EQ(err, "agent: cannot listen on " + o.listen + ".");
+
+  // gRPC alone would bind 127.0.0.1:99999 as port 34463.
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1", "127.0.0.1:", "127.0.0.1:http", ":80"}) {
+    o.listen = bad;
+    EXPECT_EQ(Agent::start(o, trees, &err), nullptr) << bad;
+    EXPECT_EQ(err, "agent: cannot listen on " + o.listen + ": not a host:port address.");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against the real manager.
+
+namespace {
+
+constexpr const char* kFabric = R"(
+switches:
+  - {name: leaf0, level: 0, mgmt: "-", data: "10.0.0.1:4791", profile: quantum2, ports: 8}
+  - {name: leaf1, level: 0, mgmt: "-", data: "10.0.0.2:4791", profile: quantum2, ports: 8}
+hosts:
+  - {name: h0, address: 10.1.0.1, switch: leaf0, port: 1}
+  - {name: h1, address: 10.1.0.2, switch: leaf0, port: 2}
+)";
+
+struct WithManager : ::testing::Test {
+  ctl::Topology topo = *ctl::load_topology_yaml(kFabric);
+  ctl::GrpcSwitchClient client{1000};
+  int manager_port = free_port();
+  std::unique_ptr<ctl::JobRegistry> reg;
+  std::unique_ptr<ctl::ManagerServer> server;
+  FakeTrees trees;
+  std::unique_ptr<Agent> agent;
+
+  void TearDown() override {
+    agent.reset();
+    server.reset();
+  }
+
+  /// A manager without a database on manager_port; the previous one, if any, is gone first.
+  void start_manager(std::uint64_t rank_lease_ms = 5000) {
+    server.reset();
+    reg.reset();
+    ctl::RegistryOptions o;
+    o.lease_ms = rank_lease_ms;
+    o.switch_lease_ms = 600;
+    reg = std::make_unique<ctl::JobRegistry>(topo, client, o);
+    server = std::make_unique<ctl::ManagerServer>(*reg, local(manager_port), 25);
+    ASSERT_TRUE(server->ok());
+  }
+  void start_agent(const std::string& name = "leaf0", std::uint32_t heartbeat_ms = 50) {
+    AgentOptions o;
+    o.switch_name = name;
+    o.manager = local(manager_port);
+    o.heartbeat_ms = heartbeat_ms;
+    o.resources = treeduce::switchd::AgentResources{};
+    o.resources->max_trees = 123;
+    std::string err;
+    agent = Agent::start(o, trees, &err);
+    ASSERT_TRUE(agent) << err;
+  }
+  ctl::SwitchView leaf0() { return reg->switches().at(0); }
+  bool leaf0_registered() {
+    auto v = leaf0();
+    return v.registered && v.up;
+  }
+
+  std::unique_ptr<pb::JobService::Stub> jobs() {
+    return pb::JobService::NewStub(
+        grpc::CreateChannel(local(manager_port), grpc::InsecureChannelCredentials()));
+  }
+  /// Both ranks of a job on h0 and h1 (both under leaf0, which is then the root).
+  std::vector<pb::JoinReply> join_both(const std::string& job) {
+    auto stub = jobs();
+    std::vector<pb::JoinReply> rep(2);
+    std::vector<std::thread> th;
+    for (std::uint32_t r = 0; r < 2; ++r)
+      th.emplace_back([&, r] {
+        pb::JoinRequest q;
+        q.set_job(job);
+        q.set_rank(r);
+        q.set_world_size(2);
+        q.set_host("h" + std::to_string(r));
+        q.set_port(7000 + r);
+        q.set_slots(32);
+        q.set_payload_bytes(512);
+        q.set_wait_ms(5000);
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        grpc::Status s = stub->Join(&ctx, q, &rep[r]);
+        EXPECT_TRUE(s.ok()) << s.error_message();
+      });
+    for (auto& t : th) t.join();
+    return rep;
+  }
+  grpc::Status leave(pb::JobService::Stub& stub, const std::string& job, std::uint32_t rank) {
+    grpc::ClientContext ctx;
+    pb::LeaveRequest q;
+    q.set_job(job);
+    q.set_rank(rank);
+    pb::LeaveReply rep;
+    return stub.Leave(&ctx, q, &rep);
+  }
+};
+
+}  // namespace
+
+TEST_F(WithManager, RegistersOnceTheManagerAppears) {
+  start_agent();
+  // Long enough for the retry backoff to reach its 1 s cap (uncapped, it would be at 3.2 s).
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+  EXPECT_FALSE(agent->registered());
+  start_manager();
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }, 1500));
+  auto v = leaf0();
+  EXPECT_TRUE(v.registered);
+  EXPECT_TRUE(v.up);
+  EXPECT_EQ(v.agent, local(agent->port()));
+  EXPECT_EQ(v.profile.max_trees, 123u);  // the agent's limits replace the topology's profile
+  EXPECT_FALSE(reg->switches().at(1).registered);
+}
+
+TEST_F(WithManager, AdvertisedAddressIsWhatTheManagerDials) {
+  start_manager();
+  AgentOptions o;
+  o.switch_name = "leaf0";
+  o.manager = local(manager_port);
+  o.advertise = "localhost:1";  // an address the agent cannot check, sent as given
+  std::string err;
+  agent = Agent::start(o, trees, &err);
+  ASSERT_TRUE(agent) << err;
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  EXPECT_EQ(leaf0().agent, "localhost:1");
+}
+
+TEST_F(WithManager, JoinInstallsOnTheAgentAndLeaveRemoves) {
+  start_manager();
+  // Heartbeats every 10 s would lose a 600 ms lease: the agent must follow the manager's lease.
+  start_agent("leaf0", 10000);
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  auto rep = join_both("train");
+  const auto& a = rep[0].assignment();
+  auto got = trees.installs();
+  ASSERT_EQ(got.size(), 1u);
+  const dp::TreeConfig& c = got[0].cfg;
+  EXPECT_EQ(got[0].job, "train");
+  EXPECT_EQ(c.tree_id, a.tree_id());
+  EXPECT_EQ(c.key, a.job_key());
+  EXPECT_EQ(c.role, dp::Role::root);
+  ASSERT_EQ(c.children.size(), 2u);
+  EXPECT_EQ(c.children[0].addr.ip, 0x0A010001u);
+  EXPECT_EQ(c.children[0].addr.port, 7000);
+  EXPECT_EQ(c.children[1].addr.ip, 0x0A010002u);
+  EXPECT_EQ(c.children[1].addr.port, 7001);
+  EXPECT_EQ(c.children[1].hosts, 1);
+  EXPECT_EQ(c.slots, 32u);
+  EXPECT_EQ(c.payload_bytes, 512u);
+
+  // Several switch leases later the switch is still up and the job still runs.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_TRUE(leaf0_registered());
+  EXPECT_EQ(reg->jobs().at(0).state, ctl::JobState::running);
+  EXPECT_TRUE(trees.removes().empty());
+
+  auto stub = jobs();
+  ASSERT_TRUE(leave(*stub, "train", 0).ok());
+  EXPECT_TRUE(trees.removes().empty());  // the tree goes with the last rank
+  ASSERT_TRUE(leave(*stub, "train", 1).ok());
+  EXPECT_EQ(trees.removes(), std::vector<std::uint16_t>{c.tree_id});
+}
+
+TEST_F(WithManager, AnExpiredRankLeaseRemovesTheTree) {
+  start_manager(300);
+  start_agent();
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  auto rep = join_both("quiet");
+  const std::uint16_t id = std::uint16_t(rep[0].assignment().tree_id());
+  ASSERT_EQ(trees.installs().size(), 1u);
+  // No rank heartbeats.
+  ASSERT_TRUE(eventually([&] { return !trees.removes().empty(); }));
+  EXPECT_EQ(trees.removes(), std::vector<std::uint16_t>{id});
+}
+
+TEST_F(WithManager, RegistersAgainWithARestartedManager) {
+  start_manager();
+  start_agent();
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  server.reset();
+  reg.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  start_manager();  // same port, no database: it knows no switch
+  ASSERT_TRUE(eventually([&] { return leaf0_registered(); }));
+  EXPECT_TRUE(agent->registered());
+  EXPECT_EQ(leaf0().agent, local(agent->port()));
+  join_both("after");
+  EXPECT_EQ(trees.installs().size(), 1u);
+}
+
+TEST_F(WithManager, AnUnknownSwitchIsReportedOnceNotPerRetry) {
+  start_manager();
+  ::testing::internal::CaptureStderr();
+  start_agent("ghost");
+  // Backoff 50, 100, 200, 400 ms: several refused registrations.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_FALSE(agent->registered());
+  agent.reset();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string refusal = "Switch 'ghost' is not in the topology.";
+  const auto first = log.find(refusal);
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find(refusal, first + 1), std::string::npos) << log;
+}
+
+TEST_F(WithManager, StopsPromptlyWhileTheManagerHangs) {
+  // A manager that takes the connection and never answers: each RPC would wait out its deadline.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(std::uint16_t(manager_port));
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  start_agent();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto t0 = std::chrono::steady_clock::now();
+  agent.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  close(fd);
+}

@@ -1,0 +1,387 @@
+// A 2-level tree of three treeduce-switch processes (two leaves, one spine) linked by memif, four
+// host processes (treeduce-refhost, the reference host logic on the kernel's UDP stack) in their
+// own network namespaces, each on a veth pair to its leaf's net_af_packet port. Hosts reach the
+// switch by ARP through their default route: no static neighbour entries anywhere.
+//
+//   h0 h1 -- leaf0 (10.0.0.1) --memif--+
+//                                      spine (10.0.0.3, root)
+//   h2 h3 -- leaf1 (10.0.0.2) --memif--+
+//
+// Every dtype x op, exact results, with and without loss injected on links; the switches' final
+// counters must match the traffic.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "netns.h"
+
+namespace treeduce::testing {
+namespace {
+
+constexpr std::uint64_t kKey = 0x7d0c0ffee1234567ull;
+constexpr int kPayload = 1024;
+constexpr int kSlots = 16;
+
+struct Options {
+  double leaf_uplink_loss = 0;  ///< rx_loss on each leaf's memif port (RESULTs coming down)
+  double spine_loss = 0;        ///< rx_loss on the spine's memif ports (partials going up)
+  double host_port_loss = 0;    ///< rx_loss on the leaves' host ports (CONTRIBs from hosts)
+  bool deterministic = false;
+  /// Datapath lcores of each switch: 2 exercises slot sharding and software steering. (Both
+  /// ends of a memif link need the same number of queues.)
+  int lcores = 1;
+  std::string dtypes = "f32,f16,bf16,e4m3,e5m2,i32";
+  std::string ops = "sum,min,max";
+  std::string counts = "1,255,256,1000,20000";
+  int iters = 1;
+};
+
+std::string ip_of_host(int h) { return "10.1." + std::to_string(h) + ".1"; }
+
+std::string tree_yaml(const std::string& role, const std::string& parent, int index,
+                      const std::vector<std::pair<std::string, int>>& children, bool det) {
+  std::ostringstream y;
+  y << "trees:\n  - tree: 1\n    job: fabric-test\n    key: " << kKey << "\n    role: " << role
+    << "\n";
+  if (!parent.empty()) y << "    parent: " << parent << "\n    index_at_parent: " << index << "\n";
+  y << "    children:\n";
+  for (const auto& [addr, hosts] : children) {
+    y << "      - {addr: " << addr << ", hosts: " << hosts << "}\n";
+  }
+  y << "    slots: " << kSlots << "\n    payload_bytes: " << kPayload
+    << "\n    deterministic: " << (det ? "true" : "false") << "\n";
+  return y.str();
+}
+
+std::string port_yaml(const std::string& name, const std::string& ip, double loss) {
+  std::ostringstream y;
+  y << "  - {name: " << name << ", ip: " << ip;
+  if (loss > 0) y << ", rx_loss: " << loss;
+  y << "}\n";
+  return y.str();
+}
+
+/// Parses `name{...labels...} value` lines of a Prometheus text file into label-string -> value.
+std::map<std::string, std::uint64_t> read_prom(const std::string& path) {
+  std::map<std::string, std::uint64_t> m;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto sp = line.rfind(' ');
+    m[line.substr(0, sp)] = std::strtoull(line.c_str() + sp + 1, nullptr, 10);
+  }
+  return m;
+}
+
+std::uint64_t counter(const std::map<std::string, std::uint64_t>& m, const std::string& family,
+                      const std::string& label) {
+  for (const auto& [k, v] : m) {
+    if (k.rfind(family + "{", 0) == 0 && k.find(label) != std::string::npos) return v;
+  }
+  ADD_FAILURE() << "no sample " << family << " with " << label;
+  return 0;
+}
+
+class Fabric {
+ public:
+  explicit Fabric(const Options& o) : opt_(o), lab_("f") {}
+
+  /// Brings up namespaces, links and switches; false (with a test failure) if anything failed.
+  bool up() {
+    fab_ = lab_.netns("fab");
+    for (int h = 0; h < 4; ++h) {
+      hosts_.push_back(lab_.netns("h" + std::to_string(h)));
+      if (!lab_.veth(hosts_[h], "eth0", fab_, "p" + std::to_string(h))) return false;
+      const std::string gw = "10.1." + std::to_string(h) + ".254";
+      if (lab_.in(hosts_[h], "ip addr add " + ip_of_host(h) + "/24 dev eth0") != 0 ||
+          lab_.in(hosts_[h], "ip route add default via " + gw) != 0) {
+        ADD_FAILURE() << "host addressing failed";
+        return false;
+      }
+    }
+    const std::string d = lab_.dir();
+    const std::string spine_data = "10.0.0.3:47110";
+    for (int l = 0; l < 2; ++l) {
+      std::ostringstream y;
+      y << "name: leaf" << l << "\ndata: 10.0.0." << l + 1 << ":47110\nports:\n"
+        << port_yaml("net_af_packet0", "10.1." + std::to_string(2 * l) + ".254/24",
+                     opt_.host_port_loss)
+        << port_yaml("net_af_packet1", "10.1." + std::to_string(2 * l + 1) + ".254/24",
+                     opt_.host_port_loss)
+        << port_yaml("net_memif0", "10.2." + std::to_string(l) + ".1/30", opt_.leaf_uplink_loss)
+        << "seed: " << 11 + l << "\n"
+        << tree_yaml("leaf", spine_data, l,
+                     {{ip_of_host(2 * l) + ":50000", 1}, {ip_of_host(2 * l + 1) + ":50000", 1}},
+                     opt_.deterministic);
+      const std::string cfg = lab_.write("leaf" + std::to_string(l) + ".yaml", y.str());
+      const std::string qp = ",qpairs=" + std::to_string(opt_.lcores);
+      switches_.push_back(
+          &start_switch("leaf" + std::to_string(l), cfg,
+                        {"--vdev=net_af_packet0,iface=p" + std::to_string(2 * l) + qp,
+                         "--vdev=net_af_packet1,iface=p" + std::to_string(2 * l + 1) + qp,
+                         "--vdev=net_memif0,role=client,id=" + std::to_string(l) + ",socket=" + d +
+                             "/memif.sock"},
+                        opt_.lcores));
+    }
+    std::ostringstream y;
+    y << "name: spine\ndata: " << spine_data << "\nports:\n"
+      << port_yaml("net_memif0", "10.2.0.2/30", opt_.spine_loss)
+      << port_yaml("net_memif1", "10.2.1.2/30", opt_.spine_loss) << "seed: 13\n"
+      << tree_yaml("root", "", 0, {{"10.0.0.1:47110", 2}, {"10.0.0.2:47110", 2}},
+                   opt_.deterministic);
+    const std::string cfg = lab_.write("spine.yaml", y.str());
+    // The spine serves both memif links on one socket, told apart by id.
+    switches_.push_back(
+        &start_switch("spine", cfg,
+                      {"--vdev=net_memif0,role=server,id=0,socket=" + d + "/memif.sock",
+                       "--vdev=net_memif1,role=server,id=1,socket=" + d + "/memif.sock"},
+                      opt_.lcores));
+    for (Proc* p : switches_) {
+      if (!lab_.wait_log(*p, " ready: ", std::chrono::seconds(30))) {
+        ADD_FAILURE() << p->name << " did not start:\n" << Lab::read_log(*p);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  /// Runs the four ranks to completion; true when every one passed. `cases` gets the number of
+  /// cases each rank ran.
+  bool run_hosts(int* cases) {
+    std::vector<Proc*> hosts;
+    for (int h = 0; h < 4; ++h) {
+      hosts.push_back(&lab_.spawn("host" + std::to_string(h), hosts_[h],
+                                  {TREEDUCE_REFHOST_BIN,
+                                   "--leaf",
+                                   "10.0.0." + std::to_string(h / 2 + 1) + ":47110",
+                                   "--bind",
+                                   ip_of_host(h) + ":50000",
+                                   "--tree",
+                                   "1",
+                                   "--key",
+                                   std::to_string(kKey),
+                                   "--child",
+                                   std::to_string(h % 2),
+                                   "--world",
+                                   "4",
+                                   "--rank",
+                                   std::to_string(h),
+                                   "--slots",
+                                   std::to_string(kSlots),
+                                   "--payload",
+                                   std::to_string(kPayload),
+                                   "--dtypes",
+                                   opt_.dtypes,
+                                   "--ops",
+                                   opt_.ops,
+                                   "--counts",
+                                   opt_.counts,
+                                   "--iters",
+                                   std::to_string(opt_.iters),
+                                   "--seed",
+                                   "7",
+                                   "--rto-us",
+                                   "2000",
+                                   "--rto-max-us",
+                                   "50000",
+                                   "--max-retries",
+                                   "200",
+                                   "--timeout-ms",
+                                   "240000"}));
+    }
+    bool ok = true;
+    const std::regex summary(R"(refhost: (\d+) passed, (\d+) failed)");
+    for (Proc* p : hosts) {
+      if (!lab_.wait(*p, std::chrono::seconds(300))) {
+        ADD_FAILURE() << p->name << " did not finish";
+        lab_.stop(*p);
+      }
+      const std::string log = Lab::read_log(*p);
+      std::smatch m;
+      if (p->status != 0 || !std::regex_search(log, m, summary) || m[2] != "0") {
+        ADD_FAILURE() << p->name << " exit " << p->status << ":\n" << log.substr(0, 6000);
+        ok = false;
+      } else {
+        *cases = std::stoi(m[1]);
+      }
+    }
+    return ok;
+  }
+
+  /// Stops the switches (SIGTERM) and returns their final counters.
+  std::vector<std::map<std::string, std::uint64_t>> stop_switches() {
+    std::vector<std::map<std::string, std::uint64_t>> out;
+    for (Proc* p : switches_) {
+      EXPECT_EQ(lab_.stop(*p, std::chrono::seconds(10)), 0) << Lab::read_log(*p);
+      out.push_back(read_prom(lab_.dir() + "/" + p->name + ".prom"));
+    }
+    return out;
+  }
+
+  Lab& lab() { return lab_; }
+  const std::vector<std::string>& hosts() const { return hosts_; }
+
+ private:
+  Proc& start_switch(const std::string& name, const std::string& cfg,
+                     const std::vector<std::string>& vdevs, int lcores = 1) {
+    // Lcores that float over both CPUs: three switches and four hosts share a 2-core machine.
+    std::string lc = "--lcores=";
+    for (int i = 0; i < lcores; ++i) lc += (i ? "," : "") + std::to_string(i) + "@(0-1)";
+    std::vector<std::string> argv = {TREEDUCE_SWITCH_BIN,
+                                     "--no-huge",
+                                     "-m",
+                                     "256",
+                                     "--no-pci",
+                                     "--file-prefix=" + lab_.prefix() + name,
+                                     lc,
+                                     "--log-level=lib.eal:warning"};
+    argv.insert(argv.end(), vdevs.begin(), vdevs.end());
+    for (const char* a : {"--", "--config"}) argv.emplace_back(a);
+    argv.push_back(cfg);
+    for (const std::string& a : {std::string("--idle-sleep-us"), std::string("200"),
+                                 std::string("--metrics"), std::string("127.0.0.1:0"),
+                                 std::string("--final-stats"), lab_.dir() + "/" + name + ".prom"}) {
+      argv.push_back(a);
+    }
+    return lab_.spawn(name, fab_, argv);
+  }
+
+  Options opt_;
+  Lab lab_;
+  std::string fab_;
+  std::vector<std::string> hosts_;
+  std::vector<Proc*> switches_;
+};
+
+/// Chunks of one rank's collectives: what every switch must complete exactly once.
+std::uint64_t chunks(const Options& o) {
+  std::uint64_t total = 0;
+  std::stringstream dts(o.dtypes);
+  std::string d;
+  while (std::getline(dts, d, ',')) {
+    const int size = d == "f16" || d == "bf16" ? 2 : d == "e4m3" || d == "e5m2" ? 1 : 4;
+    const int per = kPayload / size;
+    std::stringstream cs(o.counts);
+    std::string c;
+    std::uint64_t per_op = 0;
+    while (std::getline(cs, c, ',')) per_op += (std::stoull(c) + per - 1) / per;
+    total += per_op * static_cast<std::uint64_t>(std::count(o.ops.begin(), o.ops.end(), ',') + 1);
+  }
+  return total * static_cast<std::uint64_t>(o.iters);
+}
+
+void check_counters(const Options& o, const std::vector<std::map<std::string, std::uint64_t>>& sw) {
+  const std::uint64_t c = chunks(o);
+  const std::string tree = "tree=\"1\"";
+  for (std::size_t i = 0; i < sw.size(); ++i) {
+    SCOPED_TRACE(i == 2 ? "spine" : "leaf" + std::to_string(i));
+    // Never added twice, whatever was lost or retransmitted: two children per switch, each
+    // contributing once per chunk; one completion (multicast) per chunk.
+    EXPECT_EQ(counter(sw[i], "treeduce_tree_events_total", "event=\"contrib_accepted\""), 2 * c);
+    EXPECT_EQ(counter(sw[i], "treeduce_tree_events_total", "event=\"result_multicast\""), c);
+    EXPECT_EQ(counter(sw[i], "treeduce_switch_drops_total", "reason=\"wrong_shard\""), 0u);
+    EXPECT_EQ(counter(sw[i], "treeduce_switch_drops_total", "reason=\"bad_key\""), 0u);
+    EXPECT_EQ(counter(sw[i], "treeduce_switch_drops_total", "reason=\"chunk_mismatch\""), 0u);
+    EXPECT_EQ(counter(sw[i], "treeduce_switch_drops_total", "reason=\"unknown_tree\""), 0u);
+  }
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_EQ(counter(sw[l], "treeduce_tree_events_total", "event=\"partial_sent\""), c);
+    // Partials up plus one RESULT per child and chunk, at the least.
+    EXPECT_GE(counter(sw[l], "treeduce_tree_events_total", "event=\"tx_frames\""), 3 * c);
+    EXPECT_GT(counter(sw[l], "treeduce_switch_daemon_total", "counter=\"arp_replies_out\""), 0u);
+  }
+}
+
+TEST(Fabric, EveryDtypeAndOpExact) {
+  Options o;
+  Fabric f(o);
+  ASSERT_TRUE(f.up());
+  // The switch answers ping on its port address (ICMP echo through the daemon's slow path).
+  EXPECT_EQ(f.lab().in(f.hosts()[0], "ping -c 1 -W 2 10.1.0.254 >/dev/null"), 0);
+  int cases = 0;
+  EXPECT_TRUE(f.run_hosts(&cases));
+  EXPECT_EQ(cases, 6 * 3 * 5);
+  const auto sw = f.stop_switches();
+  check_counters(o, sw);
+  for (const auto& m : sw) {
+    EXPECT_EQ(counter(m, "treeduce_switch_daemon_total", "counter=\"injected_loss\""), 0u);
+  }
+}
+
+TEST(Fabric, ExactUnderLossOnEveryLink) {
+  Options o;
+  o.leaf_uplink_loss = 0.03;
+  o.spine_loss = 0.03;
+  o.host_port_loss = 0.03;
+  o.counts = "1,1000,20000";
+  Fabric f(o);
+  ASSERT_TRUE(f.up());
+  int cases = 0;
+  EXPECT_TRUE(f.run_hosts(&cases));
+  EXPECT_EQ(cases, 6 * 3 * 3);
+  const auto sw = f.stop_switches();
+  check_counters(o, sw);
+  for (const auto& m : sw) {
+    EXPECT_GT(counter(m, "treeduce_switch_daemon_total", "counter=\"injected_loss\""), 0u);
+  }
+  // Recovery happened where the loss was: re-sent partials and unicast RESULTs.
+  std::uint64_t resent = 0, unicast = 0;
+  for (const auto& m : sw) {
+    resent += counter(m, "treeduce_tree_events_total", "event=\"partial_resent\"");
+    unicast += counter(m, "treeduce_tree_events_total", "event=\"result_unicast\"");
+  }
+  EXPECT_GT(resent, 0u);
+  EXPECT_GT(unicast, 0u);
+}
+
+TEST(Fabric, DeterministicTreeExactUnderLoss) {
+  Options o;
+  o.deterministic = true;
+  o.leaf_uplink_loss = 0.02;
+  o.host_port_loss = 0.02;
+  o.counts = "1000,20000";
+  o.ops = "sum";
+  Fabric f(o);
+  ASSERT_TRUE(f.up());
+  int cases = 0;
+  EXPECT_TRUE(f.run_hosts(&cases));
+  EXPECT_EQ(cases, 6 * 2);
+  check_counters(o, f.stop_switches());
+}
+
+// Two datapath lcores per switch: frames arrive on either queue (af_packet: kernel fanout; memif:
+// the peer's lcore), and the slot's owner must do the adding; the other lcore hands them over.
+TEST(Fabric, TwoLcoresPerSwitchShardSlots) {
+  Options o;
+  o.lcores = 2;
+  o.host_port_loss = 0.02;
+  o.counts = "1,1000,20000";
+  Fabric f(o);
+  ASSERT_TRUE(f.up());
+  int cases = 0;
+  EXPECT_TRUE(f.run_hosts(&cases));
+  EXPECT_EQ(cases, 6 * 3 * 3);
+  const auto sw = f.stop_switches();
+  check_counters(o, sw);
+  for (std::size_t i = 0; i < sw.size(); ++i) {
+    // Both lcores worked everywhere.
+    EXPECT_GT(counter(sw[i], "treeduce_lcore_busy_polls_total", "lcore=\"0\""), 0u);
+    EXPECT_GT(counter(sw[i], "treeduce_lcore_busy_polls_total", "lcore=\"1\""), 0u);
+  }
+  // The leaves' host ports spread frames by the kernel's hash, so some reach the wrong lcore and
+  // are handed over. A leaf's lcore w sends its partials on memif queue w, which is the spine's
+  // lcore w, the owner of the same slots: nothing to steer there.
+  EXPECT_GT(counter(sw[0], "treeduce_switch_daemon_total", "counter=\"steered\""), 0u);
+  EXPECT_GT(counter(sw[1], "treeduce_switch_daemon_total", "counter=\"steered\""), 0u);
+  EXPECT_EQ(counter(sw[2], "treeduce_switch_daemon_total", "counter=\"steered\""), 0u);
+}
+
+}  // namespace
+}  // namespace treeduce::testing
