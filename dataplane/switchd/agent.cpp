@@ -138,9 +138,11 @@ class Service final : public pb::SwitchAgent::Service {
         out = {grpc::StatusCode::INTERNAL, "Switch " + name_ + " failed to install tree " + id +
                                                " (errno " + std::to_string(-rc) + ")."};
     }
-    log((out.ok() ? "installed tree " : "refused tree ") + id + " of job '" + req->job() + "' as " +
-        role_name(c.role) + " with " + std::to_string(c.children.size()) + " children" +
-        (out.ok() ? "" : ": " + out.error_message()));
+    // Installs and removals are logged by the TreeControl, static trees alike; refusals here.
+    if (!out.ok()) {
+      log("refused tree " + id + " of job '" + req->job() + "' as " + role_name(c.role) + " with " +
+          std::to_string(c.children.size()) + " children: " + out.error_message());
+    }
     return out;
   }
 
@@ -159,7 +161,6 @@ class Service final : public pb::SwitchAgent::Service {
     if (rc != 0)
       return {grpc::StatusCode::INTERNAL, "Switch " + name_ + " failed to remove tree " + id +
                                               " (errno " + std::to_string(-rc) + ")."};
-    log("removed tree " + id);
     return grpc::Status::OK;
   }
 

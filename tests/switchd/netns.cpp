@@ -83,12 +83,20 @@ bool Lab::veth(const std::string& ns_a, const std::string& a, const std::string&
   const std::string ta = "tdv" + std::to_string(getpid() % 100000) + "a" + std::to_string(n);
   const std::string tb = "tdv" + std::to_string(getpid() % 100000) + "b" + std::to_string(n);
   ++n;
+  // An empty namespace name is this process's own.
+  const auto move = [](const std::string& t, const std::string& ns, const std::string& name) {
+    return ns.empty() ? "ip link set " + t + " name " + name
+                      : "ip link set " + t + " netns " + ns + " name " + name;
+  };
+  const auto up = [](const std::string& ns, const std::string& name) {
+    return (ns.empty() ? "ip" : "ip -n " + ns) + " link set " + name + " up";
+  };
   const std::string cmds[] = {
       "ip link add " + ta + " type veth peer name " + tb,
-      "ip link set " + ta + " netns " + ns_a + " name " + a,
-      "ip link set " + tb + " netns " + ns_b + " name " + b,
-      "ip -n " + ns_a + " link set " + a + " up",
-      "ip -n " + ns_b + " link set " + b + " up",
+      move(ta, ns_a, a),
+      move(tb, ns_b, b),
+      up(ns_a, a),
+      up(ns_b, b),
   };
   for (const std::string& c : cmds) {
     if (sh(c) != 0) {

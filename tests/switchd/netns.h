@@ -37,8 +37,9 @@ class Lab {
 
   /// Creates namespace `<prefix>-<name>` with lo up; returns its full name.
   std::string netns(const std::string& name);
-  /// A veth pair: `a` in namespace `ns_a` and `b` in `ns_b` (full names), both up. Returns
-  /// false with the failing command logged.
+  /// A veth pair: `a` in namespace `ns_a` and `b` in `ns_b` (full names; "" is this process's
+  /// namespace), both up. Returns false with the failing command logged. An end in another
+  /// namespace goes when that namespace is deleted, and takes its peer with it.
   bool veth(const std::string& ns_a, const std::string& a, const std::string& ns_b,
             const std::string& b);
   /// Runs `cmd` inside namespace `ns` (ip netns exec); returns its exit status.

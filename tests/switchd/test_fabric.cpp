@@ -7,8 +7,12 @@
 //                                      spine (10.0.0.3, root)
 //   h2 h3 -- leaf1 (10.0.0.2) --memif--+
 //
-// Every dtype x op, exact results, with and without loss injected on links; the switches' final
-// counters must match the traffic.
+// The switches run in the test's own network namespace (their host-facing veth ends are named
+// after the test's pid), so that they and the Aggregation Manager meet on 127.0.0.1.
+//
+// Every dtype x op, exact results, with and without loss injected on links; trees static or
+// installed by a real treeduce-manager; the switches' final counters must match the traffic.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -18,11 +22,15 @@
 #include <map>
 #include <regex>
 #include <sstream>
+#include <thread>
 
+#include "manager.grpc.pb.h"
 #include "netns.h"
 
 namespace treeduce::testing {
 namespace {
+
+namespace pb = treeduce::control::v1;
 
 constexpr std::uint64_t kKey = 0x7d0c0ffee1234567ull;
 constexpr int kPayload = 1024;
@@ -36,6 +44,9 @@ struct Options {
   /// Datapath lcores of each switch: 2 exercises slot sharding and software steering. (Both
   /// ends of a memif link need the same number of queues.)
   int lcores = 1;
+  /// Trees from a treeduce-manager process (the test joins the job for the four ranks) instead of
+  /// static trees in the switches' configuration.
+  bool manager = false;
   std::string dtypes = "f32,f16,bf16,e4m3,e5m2,i32";
   std::string ops = "sum,min,max";
   std::string counts = "1,255,256,1000,20000";
@@ -93,18 +104,32 @@ class Fabric {
  public:
   explicit Fabric(const Options& o) : opt_(o), lab_("f") {}
 
-  /// Brings up namespaces, links and switches; false (with a test failure) if anything failed.
+  /// Brings up namespaces, links and switches (and the manager); false (with a test failure) if
+  /// anything failed.
   bool up() {
-    fab_ = lab_.netns("fab");
     for (int h = 0; h < 4; ++h) {
       hosts_.push_back(lab_.netns("h" + std::to_string(h)));
-      if (!lab_.veth(hosts_[h], "eth0", fab_, "p" + std::to_string(h))) return false;
+      if (!lab_.veth(hosts_[h], "eth0", "", port_if(h))) return false;
       const std::string gw = "10.1." + std::to_string(h) + ".254";
       if (lab_.in(hosts_[h], "ip addr add " + ip_of_host(h) + "/24 dev eth0") != 0 ||
           lab_.in(hosts_[h], "ip route add default via " + gw) != 0) {
         ADD_FAILURE() << "host addressing failed";
         return false;
       }
+    }
+    std::string manager_flag;
+    if (opt_.manager) {
+      const std::string topo = lab_.write("topology.yaml", topology_yaml());
+      const std::string port_file = lab_.dir() + "/manager.port";
+      manager_ = &lab_.spawn("manager", "",
+                             {TREEDUCE_MANAGER_BIN, "-t", topo, "-l", "127.0.0.1:0", "--port-file",
+                              port_file, "--lease-ms", "5000", "--switch-lease-ms", "5000"});
+      if (!lab_.wait_log(*manager_, "listening on port", std::chrono::seconds(20))) {
+        ADD_FAILURE() << "manager did not start:\n" << Lab::read_log(*manager_);
+        return false;
+      }
+      std::ifstream(port_file) >> manager_port_;
+      manager_flag = "127.0.0.1:" + std::to_string(manager_port_);
     }
     const std::string d = lab_.dir();
     const std::string spine_data = "10.0.0.3:47110";
@@ -116,67 +141,137 @@ class Fabric {
         << port_yaml("net_af_packet1", "10.1." + std::to_string(2 * l + 1) + ".254/24",
                      opt_.host_port_loss)
         << port_yaml("net_memif0", "10.2." + std::to_string(l) + ".1/30", opt_.leaf_uplink_loss)
-        << "seed: " << 11 + l << "\n"
-        << tree_yaml("leaf", spine_data, l,
-                     {{ip_of_host(2 * l) + ":50000", 1}, {ip_of_host(2 * l + 1) + ":50000", 1}},
-                     opt_.deterministic);
+        << "seed: " << 11 + l << "\n";
+      if (!opt_.manager) {
+        y << tree_yaml("leaf", spine_data, l,
+                       {{ip_of_host(2 * l) + ":50000", 1}, {ip_of_host(2 * l + 1) + ":50000", 1}},
+                       opt_.deterministic);
+      }
       const std::string cfg = lab_.write("leaf" + std::to_string(l) + ".yaml", y.str());
       const std::string qp = ",qpairs=" + std::to_string(opt_.lcores);
-      switches_.push_back(
-          &start_switch("leaf" + std::to_string(l), cfg,
-                        {"--vdev=net_af_packet0,iface=p" + std::to_string(2 * l) + qp,
-                         "--vdev=net_af_packet1,iface=p" + std::to_string(2 * l + 1) + qp,
-                         "--vdev=net_memif0,role=client,id=" + std::to_string(l) + ",socket=" + d +
-                             "/memif.sock"},
-                        opt_.lcores));
+      switches_.push_back(&start_switch("leaf" + std::to_string(l), cfg,
+                                        {"--vdev=net_af_packet0,iface=" + port_if(2 * l) + qp,
+                                         "--vdev=net_af_packet1,iface=" + port_if(2 * l + 1) + qp,
+                                         "--vdev=net_memif0,role=client,id=" + std::to_string(l) +
+                                             ",socket=" + d + "/memif.sock"},
+                                        manager_flag));
     }
     std::ostringstream y;
     y << "name: spine\ndata: " << spine_data << "\nports:\n"
       << port_yaml("net_memif0", "10.2.0.2/30", opt_.spine_loss)
-      << port_yaml("net_memif1", "10.2.1.2/30", opt_.spine_loss) << "seed: 13\n"
-      << tree_yaml("root", "", 0, {{"10.0.0.1:47110", 2}, {"10.0.0.2:47110", 2}},
-                   opt_.deterministic);
+      << port_yaml("net_memif1", "10.2.1.2/30", opt_.spine_loss) << "seed: 13\n";
+    if (!opt_.manager) {
+      y << tree_yaml("root", "", 0, {{"10.0.0.1:47110", 2}, {"10.0.0.2:47110", 2}},
+                     opt_.deterministic);
+    }
     const std::string cfg = lab_.write("spine.yaml", y.str());
     // The spine serves both memif links on one socket, told apart by id.
     switches_.push_back(
         &start_switch("spine", cfg,
                       {"--vdev=net_memif0,role=server,id=0,socket=" + d + "/memif.sock",
                        "--vdev=net_memif1,role=server,id=1,socket=" + d + "/memif.sock"},
-                      opt_.lcores));
+                      manager_flag));
     for (Proc* p : switches_) {
       if (!lab_.wait_log(*p, " ready: ", std::chrono::seconds(30))) {
         ADD_FAILURE() << p->name << " did not start:\n" << Lab::read_log(*p);
         return false;
       }
     }
+    if (opt_.manager) return join("fabric-test");
+    for (int h = 0; h < 4; ++h) {
+      ranks_.push_back({"10.0.0." + std::to_string(h / 2 + 1) + ":47110", 1, kKey,
+                        static_cast<std::uint32_t>(h % 2), kSlots, kPayload});
+    }
     return true;
   }
+
+  /// Joins `job` for the four ranks, as their host library would, and keeps their assignments.
+  /// The switches may still be registering: a refusal for that reason is retried.
+  bool join(const std::string& job) {
+    auto stub = pb::JobService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(manager_port_), grpc::InsecureChannelCredentials()));
+    std::vector<pb::JoinReply> rep(4);
+    std::vector<grpc::Status> st(4);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    do {
+      std::vector<std::thread> t;
+      for (int h = 0; h < 4; ++h) {
+        t.emplace_back([&, h] {
+          pb::JoinRequest req;
+          req.set_job(job);
+          req.set_rank(static_cast<std::uint32_t>(h));
+          req.set_world_size(4);
+          req.set_host("h" + std::to_string(h));
+          req.set_port(50000);
+          req.set_slots(kSlots);
+          req.set_payload_bytes(kPayload);
+          req.set_deterministic(opt_.deterministic);
+          req.set_wait_ms(10000);
+          grpc::ClientContext ctx;
+          ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
+          st[h] = stub->Join(&ctx, req, &rep[h]);
+        });
+      }
+      for (auto& x : t) x.join();
+      if (std::all_of(st.begin(), st.end(), [](const grpc::Status& x) { return x.ok(); })) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    } while (std::chrono::steady_clock::now() < deadline);
+    for (int h = 0; h < 4; ++h) {
+      if (!st[h].ok()) {
+        ADD_FAILURE() << "rank " << h << " join: " << st[h].error_message();
+        return false;
+      }
+      const pb::Assignment& a = rep[h].assignment();
+      ranks_.push_back({a.leaf_address(), a.tree_id(), a.job_key(), a.child_index(), a.slots(),
+                        a.payload_bytes()});
+    }
+    return true;
+  }
+
+  /// Every rank leaves `job`; the manager then removes the tree from every switch.
+  void leave(const std::string& job) {
+    auto stub = pb::JobService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(manager_port_), grpc::InsecureChannelCredentials()));
+    for (std::uint32_t h = 0; h < 4; ++h) {
+      pb::LeaveRequest req;
+      req.set_job(job);
+      req.set_rank(h);
+      pb::LeaveReply rep;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      EXPECT_TRUE(stub->Leave(&ctx, req, &rep).ok());
+    }
+  }
+
+  std::uint32_t tree_id() const { return ranks_.at(0).tree; }
+  Proc& switch_proc(std::size_t i) { return *switches_.at(i); }
 
   /// Runs the four ranks to completion; true when every one passed. `cases` gets the number of
   /// cases each rank ran.
   bool run_hosts(int* cases) {
     std::vector<Proc*> hosts;
     for (int h = 0; h < 4; ++h) {
+      const Rank& r = ranks_[h];
       hosts.push_back(&lab_.spawn("host" + std::to_string(h), hosts_[h],
                                   {TREEDUCE_REFHOST_BIN,
                                    "--leaf",
-                                   "10.0.0." + std::to_string(h / 2 + 1) + ":47110",
+                                   r.leaf,
                                    "--bind",
                                    ip_of_host(h) + ":50000",
                                    "--tree",
-                                   "1",
+                                   std::to_string(r.tree),
                                    "--key",
-                                   std::to_string(kKey),
+                                   std::to_string(r.key),
                                    "--child",
-                                   std::to_string(h % 2),
+                                   std::to_string(r.child),
                                    "--world",
                                    "4",
                                    "--rank",
                                    std::to_string(h),
                                    "--slots",
-                                   std::to_string(kSlots),
+                                   std::to_string(r.slots),
                                    "--payload",
-                                   std::to_string(kPayload),
+                                   std::to_string(r.payload),
                                    "--dtypes",
                                    opt_.dtypes,
                                    "--ops",
@@ -229,11 +324,34 @@ class Fabric {
   const std::vector<std::string>& hosts() const { return hosts_; }
 
  private:
+  /// The switch-side end of host h's veth pair, in the test's namespace: unique per test process.
+  std::string port_if(int h) const { return lab_.prefix() + "p" + std::to_string(h); }
+
+  static std::string topology_yaml() {
+    std::ostringstream y;
+    y << "switches:\n";
+    for (int l = 0; l < 2; ++l) {
+      y << "  - {name: leaf" << l << ", level: 0, data: \"10.0.0." << l + 1
+        << ":47110\", profile: server, ports: 3}\n";
+    }
+    y << "  - {name: spine, level: 1, data: \"10.0.0.3:47110\", profile: server, ports: "
+         "2}\nhosts:\n";
+    for (int h = 0; h < 4; ++h) {
+      y << "  - {name: h" << h << ", address: " << ip_of_host(h) << ", switch: leaf" << h / 2
+        << ", port: " << h % 2 + 1 << "}\n";
+    }
+    y << "links:\n";
+    for (int l = 0; l < 2; ++l) {
+      y << "  - {a: leaf" << l << ", a_port: 3, b: spine, b_port: " << l + 1 << "}\n";
+    }
+    return y.str();
+  }
+
   Proc& start_switch(const std::string& name, const std::string& cfg,
-                     const std::vector<std::string>& vdevs, int lcores = 1) {
+                     const std::vector<std::string>& vdevs, const std::string& manager) {
     // Lcores that float over both CPUs: three switches and four hosts share a 2-core machine.
     std::string lc = "--lcores=";
-    for (int i = 0; i < lcores; ++i) lc += (i ? "," : "") + std::to_string(i) + "@(0-1)";
+    for (int i = 0; i < opt_.lcores; ++i) lc += (i ? "," : "") + std::to_string(i) + "@(0-1)";
     std::vector<std::string> argv = {TREEDUCE_SWITCH_BIN,
                                      "--no-huge",
                                      "-m",
@@ -250,12 +368,28 @@ class Fabric {
                                  std::string("--final-stats"), lab_.dir() + "/" + name + ".prom"}) {
       argv.push_back(a);
     }
-    return lab_.spawn(name, fab_, argv);
+    if (!manager.empty()) {
+      for (const std::string& a :
+           {std::string("--manager"), manager, std::string("--heartbeat-ms"), std::string("200")}) {
+        argv.push_back(a);
+      }
+    }
+    return lab_.spawn(name, "", argv);
   }
+
+  /// What a rank needs to know of its tree (what the manager's Join answers).
+  struct Rank {
+    std::string leaf;
+    std::uint32_t tree;
+    std::uint64_t key;
+    std::uint32_t child, slots, payload;
+  };
 
   Options opt_;
   Lab lab_;
-  std::string fab_;
+  std::vector<Rank> ranks_;
+  Proc* manager_ = nullptr;
+  int manager_port_ = 0;
   std::vector<std::string> hosts_;
   std::vector<Proc*> switches_;
 };
@@ -279,7 +413,6 @@ std::uint64_t chunks(const Options& o) {
 
 void check_counters(const Options& o, const std::vector<std::map<std::string, std::uint64_t>>& sw) {
   const std::uint64_t c = chunks(o);
-  const std::string tree = "tree=\"1\"";
   for (std::size_t i = 0; i < sw.size(); ++i) {
     SCOPED_TRACE(i == 2 ? "spine" : "leaf" + std::to_string(i));
     // Never added twice, whatever was lost or retransmitted: two children per switch, each
@@ -381,6 +514,36 @@ TEST(Fabric, TwoLcoresPerSwitchShardSlots) {
   EXPECT_GT(counter(sw[0], "treeduce_switch_daemon_total", "counter=\"steered\""), 0u);
   EXPECT_GT(counter(sw[1], "treeduce_switch_daemon_total", "counter=\"steered\""), 0u);
   EXPECT_EQ(counter(sw[2], "treeduce_switch_daemon_total", "counter=\"steered\""), 0u);
+}
+
+// The trees come from a real treeduce-manager: the switches register with it, a Join of the four
+// ranks makes it install a 2-level tree over gRPC (the leaves under the spine), the ranks run on
+// what it assigned, and their Leave makes it remove the tree from every switch.
+TEST(Fabric, ManagerInstallsAndRemovesTheTree) {
+  Options o;
+  o.manager = true;
+  o.counts = "1,1000,20000";
+  o.host_port_loss = 0.02;
+  Fabric f(o);
+  ASSERT_TRUE(f.up());
+  int cases = 0;
+  EXPECT_TRUE(f.run_hosts(&cases));
+  EXPECT_EQ(cases, 6 * 3 * 3);
+  f.leave("fabric-test");
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(f.lab().wait_log(f.switch_proc(i),
+                                 "tree " + std::to_string(f.tree_id()) + " removed",
+                                 std::chrono::seconds(10)))
+        << Lab::read_log(f.switch_proc(i));
+  }
+  const auto sw = f.stop_switches();
+  for (const auto& m : sw) {
+    EXPECT_EQ(counter(m, "treeduce_switch_trees", ""), 0u);
+    // The tree's counters went with it; the switch-wide ones keep its traffic.
+    const std::uint64_t c = chunks(o);
+    EXPECT_EQ(counter(m, "treeduce_switch_events_total", "event=\"result_multicast\""), c);
+    EXPECT_EQ(counter(m, "treeduce_switch_events_total", "event=\"contrib_accepted\""), 2 * c);
+  }
 }
 
 }  // namespace
