@@ -274,13 +274,6 @@ std::string check(const SwitchConfig& c, const Lines& lines) {
                           {&c.heartbeat_ms, "heartbeat_ms", 10, 60'000}};
   for (const Range& r : ranges)
     if (*r.v < r.lo || *r.v > r.hi) return err({r.v}, must(r.what, *r.v, r.lo, r.hi));
-  // Every RX ring holds rx_desc mbufs all the time and a full TX ring tx_desc: fewer mbufs and
-  // the switch stops receiving under load, silently.
-  const std::uint64_t ring_mbufs = c.ports.size() * std::uint64_t{c.rx_desc + c.tx_desc};
-  if (c.mbufs < ring_mbufs)
-    return err({&c.mbufs}, "mbufs must be at least ports x (rx_desc + tx_desc) = " +
-                               std::to_string(ring_mbufs) + ", got " + std::to_string(c.mbufs) +
-                               ".");
 
   struct HostPort {
     const std::string* v;

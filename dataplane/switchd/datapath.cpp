@@ -19,6 +19,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -43,6 +44,9 @@ constexpr std::size_t kL2L4 = dp::kFrameHeaderBytes - sizeof(dp::TdHdr);
 constexpr std::size_t kSlotOffset = kL2L4 + offsetof(dp::TdHdr, slot);
 constexpr std::size_t kUdpDstOffset = sizeof(dp::EtherHdr) + sizeof(dp::Ipv4Hdr) + 2;
 constexpr std::size_t kIpDstOffset = sizeof(dp::EtherHdr) + offsetof(dp::Ipv4Hdr, dst_addr);
+constexpr std::size_t kOpcodeOffset = kL2L4 + offsetof(dp::TdHdr, opcode);
+constexpr std::size_t kMaxWanted = 1024;
+constexpr std::size_t kMaxNeighbors = 16384;
 
 [[gnu::format(printf, 1, 2)]] void log(const char* fmt, ...) {
   char line[512];
@@ -114,6 +118,7 @@ struct Switch::Impl {
   rte_mempool* hdr_pool = nullptr;  ///< multicast header mbufs
   rte_mempool* ind_pool = nullptr;  ///< indirect mbufs attached to a shared payload
   std::vector<std::unique_ptr<Worker>> workers;
+  std::uint32_t n_workers = 1;  ///< workers.size(), for a 32-bit modulo per steered frame
   rte_rcu_qsbr* qsbr = nullptr;
   rte_ring* ctl_ring = nullptr;     ///< MP/SC CtlMsg: lcores -> neighbour thread
   rte_ring* inject_ring = nullptr;  ///< SP/SC mbufs: neighbour thread -> worker 0 (ARP requests)
@@ -125,7 +130,14 @@ struct Switch::Impl {
   mutable std::mutex mu;
   std::map<std::uint16_t, std::string> jobs;
   NeighborBook book;
-  std::map<std::uint32_t, std::uint64_t> wanted;  ///< unresolved next hops -> last ARP (tsc)
+  /// Unresolved next hops of installed trees: when last asked (tsc) and how often. Asked every
+  /// 100 ms for 3 s, then forgotten until a packet needs the address again.
+  struct Wanted {
+    std::uint64_t last = 0;
+    std::uint32_t tries = 0;
+  };
+  std::map<std::uint32_t, Wanted> wanted;
+  std::set<std::uint32_t> static_ips;  ///< configured neighbours: never overwritten by ARP
 
   ~Impl();
   std::string setup_ports();
@@ -139,6 +151,7 @@ struct Switch::Impl {
   void flush(Worker& w);
   void neighbor_loop();
   void want(std::uint32_t ip);
+  bool may_learn(const NeighborEntry& e) const;
   void send_arp(std::uint32_t ip);
   void publish_neighbors();
   void synchronize() { rte_rcu_qsbr_synchronize(qsbr, RTE_QSBR_THRID_INVALID); }
@@ -167,9 +180,17 @@ std::unique_ptr<Switch> Switch::create(const SwitchConfig& cfg, std::string* err
     return nullptr;
   }
   const auto n_workers = static_cast<std::uint32_t>(lcores.size());
+  s.n_workers = n_workers;
   const unsigned socket = rte_socket_id();
-  // Pools: frames, headers and indirect mbufs, each with a per-lcore cache.
-  const std::uint32_t nb = std::max<std::uint32_t>(cfg.mbufs, 1024);
+  // Pools: frames, headers and indirect mbufs, each with a per-lcore cache. The frame pool holds
+  // at least what the queues can keep (every RX descriptor holds an mbuf all the time; a full TX
+  // ring holds as many) and the lcore caches, or RX would stall silently under load.
+  const std::uint32_t held =
+      static_cast<std::uint32_t>(cfg.ports.size()) * n_workers * (cfg.rx_desc + cfg.tx_desc) +
+      n_workers * 2 * 256 + 1024;
+  const std::uint32_t nb = std::max(cfg.mbufs, held);
+  if (nb > cfg.mbufs)
+    log("%u mbufs per pool: the queues of %u lcore(s) can hold that many", nb, n_workers);
   s.pool = rte_pktmbuf_pool_create("td_frames", nb, 256, 0, RTE_PKTMBUF_HEADROOM + kFrameRoom,
                                    static_cast<int>(socket));
   s.hdr_pool = rte_pktmbuf_pool_create("td_hdrs", nb, 256, 0, RTE_PKTMBUF_HEADROOM + 128,
@@ -210,7 +231,7 @@ std::unique_ptr<Switch> Switch::create(const SwitchConfig& cfg, std::string* err
       *error = "cannot create rings.";
       return nullptr;
     }
-    w->rng = cfg.seed * 0x9E3779B97F4A7C15ull + i + 1;
+    w->rng = (cfg.seed * 0x9E3779B97F4A7C15ull + i) | 1;  // xorshift's state must not be 0
     w->scratch.resize(kMaxBurst * 2 * dp::kMaxFrameBytes);
     rte_rcu_qsbr_thread_register(s.qsbr, i);
     s.workers.push_back(std::move(w));
@@ -232,7 +253,7 @@ std::unique_ptr<Switch> Switch::create(const SwitchConfig& cfg, std::string* err
 }
 
 std::string Switch::Impl::setup_ports() {
-  const auto n_workers = static_cast<std::uint16_t>(workers.size());
+  const auto nq = static_cast<std::uint16_t>(n_workers);  // TX queues: one per worker
   for (const PortConfig& pc : cfg.ports) {
     Port p;
     p.cfg = pc;
@@ -251,12 +272,12 @@ std::string Switch::Impl::setup_ports() {
     if (int rc = rte_eth_dev_info_get(p.id, &info); rc != 0) {
       return "port '" + pc.name + "': cannot read device info (" + rte_strerror(-rc) + ").";
     }
-    if (info.max_tx_queues < n_workers) {
+    if (info.max_tx_queues < nq) {
       return "port '" + pc.name + "' has " + std::to_string(info.max_tx_queues) +
-             " TX queues but " + std::to_string(n_workers) +
+             " TX queues but " + std::to_string(nq) +
              " datapath lcores need one each (give the PMD more queues, or fewer lcores).";
     }
-    p.rx_queues = std::min<std::uint16_t>(n_workers, info.max_rx_queues);
+    p.rx_queues = std::min(nq, info.max_rx_queues);
     rte_eth_conf conf{};
     if (p.rx_queues > 1) {
       conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
@@ -266,14 +287,17 @@ std::string Switch::Impl::setup_ports() {
     }
     p.chain = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0;
     if (p.chain) conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
-    if (int rc = rte_eth_dev_configure(p.id, p.rx_queues, n_workers, &conf); rc != 0) {
-      return "port '" + pc.name + "': configure failed (" + rte_strerror(-rc) + ").";
+    // configure() sets the MTU it is given, and 0 means 1500: keep the port's own unless told.
+    std::uint16_t mtu = static_cast<std::uint16_t>(pc.mtu);
+    if (mtu == 0 && rte_eth_dev_get_mtu(p.id, &mtu) != 0) mtu = RTE_ETHER_MTU;
+    conf.rxmode.mtu = mtu;
+    if (mtu + RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN > kFrameRoom &&
+        (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER) != 0) {
+      conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;  // frames longer than one mbuf
     }
-    if (pc.mtu != 0) {
-      if (int rc = rte_eth_dev_set_mtu(p.id, static_cast<std::uint16_t>(pc.mtu)); rc != 0) {
-        return "port '" + pc.name + "': cannot set MTU " + std::to_string(pc.mtu) + " (" +
-               rte_strerror(-rc) + ").";
-      }
+    if (int rc = rte_eth_dev_configure(p.id, p.rx_queues, nq, &conf); rc != 0) {
+      return "port '" + pc.name + "': configure failed with MTU " + std::to_string(mtu) + " (" +
+             rte_strerror(-rc) + ").";
     }
     std::uint16_t rxd = static_cast<std::uint16_t>(cfg.rx_desc),
                   txd = static_cast<std::uint16_t>(cfg.tx_desc);
@@ -285,7 +309,7 @@ std::string Switch::Impl::setup_ports() {
         return "port '" + pc.name + "': RX queue set-up failed (" + rte_strerror(-rc) + ").";
       }
     }
-    for (std::uint16_t q = 0; q < n_workers; ++q) {
+    for (std::uint16_t q = 0; q < nq; ++q) {
       rte_eth_txconf txc = info.default_txconf;
       txc.offloads = conf.txmode.offloads;
       if (int rc = rte_eth_tx_queue_setup(p.id, q, txd, static_cast<unsigned>(sock), &txc);
@@ -332,6 +356,7 @@ std::string Switch::Impl::setup_ports() {
     }
     std::memcpy(e.mac, n.mac.data(), 6);
     book.learn(e);
+    static_ips.insert(e.ip);
   }
   return "";
 }
@@ -375,9 +400,12 @@ rte_mbuf* Switch::Impl::route(Worker& w, rte_mbuf* m, const NeighborTable* nt) {
   const NeighborEntry* e = nt->find(dst);
   if (e == nullptr) [[unlikely]] {
     ++w.counters[static_cast<std::size_t>(SwitchdCounter::tx_unresolved)];
+    // A NACK goes only to a known neighbour: resolving whatever address a refused frame claims
+    // would let anyone make the switch ARP for made-up addresses.
+    const bool nack = eth[kOpcodeOffset] == static_cast<std::uint8_t>(dp::Opcode::nack);
     Worker::Asked& a = w.asked[(dst * 0x9E3779B1u) >> 26];
     const std::uint64_t now = rte_rdtsc();
-    if (a.ip != dst || now - a.tsc > tsc_hz / 100) {
+    if (!nack && (a.ip != dst || now - a.tsc > tsc_hz / 100)) {
       a = {dst, now};
       CtlMsg msg;
       msg.type = CtlMsg::resolve;
@@ -475,7 +503,8 @@ void Switch::Impl::run_core(Worker& w, rte_mbuf** pkts, std::uint16_t n, const N
       continue;
     }
     std::uint8_t* dst = w.scratch.data() + scratch_used;
-    rx[i] = {static_cast<const std::uint8_t*>(rte_pktmbuf_read(m, 0, m->pkt_len, dst)), m->pkt_len};
+    const auto* whole = static_cast<const std::uint8_t*>(rte_pktmbuf_read(m, 0, m->pkt_len, dst));
+    rx[i] = {whole, whole != nullptr ? m->pkt_len : 0};
     scratch_used += dp::kMaxFrameBytes;
   }
   dp::TxFrame tx[kTxFrames];
@@ -505,31 +534,32 @@ void Switch::Impl::slow_path(Worker& w, rte_mbuf* m) {
     std::memcpy(msg.mac, arp.mac, 6);
     post(w, msg);
   }
-  rte_mbuf* r = rte_pktmbuf_alloc(pool);
-  if (r == nullptr) {
-    ++w.counters[static_cast<std::size_t>(SwitchdCounter::tx_no_mbuf)];
-    rte_pktmbuf_free(m);
-    return;
-  }
-  auto* out = rte_pktmbuf_mtod(r, std::uint8_t*);
-  const std::size_t cap = rte_pktmbuf_tailroom(r);
+  // The reply is written on the stack first: most ARP on a shared segment is for others, and
+  // needs no mbuf.
+  std::uint8_t out[dp::kMaxFrameBytes];
   std::size_t out_len = 0;
   dp::Endpoint data_self = p.self;
   data_self.ip = cfg.data.ip;
-  dp::NeighborVerdict v = dp::answer_neighbor(data, len, p.self, out, cap, &out_len);
-  if (v == dp::NeighborVerdict::ignored)
-    v = dp::answer_neighbor(data, len, data_self, out, cap, &out_len);
+  dp::NeighborVerdict v = dp::answer_neighbor(data, len, p.self, out, sizeof out, &out_len);
+  if (v == dp::NeighborVerdict::ignored) {
+    v = dp::answer_neighbor(data, len, data_self, out, sizeof out, &out_len);
+  }
   switch (v) {
     case dp::NeighborVerdict::arp_reply:
-    case dp::NeighborVerdict::echo_reply:
+    case dp::NeighborVerdict::echo_reply: {
+      rte_mbuf* r = rte_pktmbuf_alloc(pool);
+      if (r == nullptr) {
+        ++w.counters[static_cast<std::size_t>(SwitchdCounter::tx_no_mbuf)];
+        break;
+      }
       ++w.counters[static_cast<std::size_t>(v == dp::NeighborVerdict::arp_reply
                                                 ? SwitchdCounter::arp_replies_out
                                                 : SwitchdCounter::echo_replies_out)];
-      rte_pktmbuf_append(r, static_cast<std::uint16_t>(out_len));
+      std::memcpy(rte_pktmbuf_append(r, static_cast<std::uint16_t>(out_len)), out, out_len);
       rte_eth_tx_buffer(m->port, static_cast<std::uint16_t>(w.index), w.txbuf[port_index[m->port]],
                         r);
-      r = nullptr;
       break;
+    }
     case dp::NeighborVerdict::malformed:
       ++w.counters[static_cast<std::size_t>(SwitchdCounter::neighbor_malformed)];
       break;
@@ -537,7 +567,6 @@ void Switch::Impl::slow_path(Worker& w, rte_mbuf* m) {
       ++w.counters[static_cast<std::size_t>(SwitchdCounter::neighbor_ignored)];
       break;
   }
-  rte_pktmbuf_free(r);
   rte_pktmbuf_free(m);
 }
 
@@ -551,7 +580,7 @@ void Switch::Impl::rx_frame(Worker& w, rte_mbuf* m, rte_mbuf** local, std::uint1
     if (type == dp::kEtherTypeArp || (type == 0x0800 && proto == 1)) return slow_path(w, m);
     if (workers.size() > 1 && type == 0x0800 && proto == 17 &&
         m->data_len >= dp::kFrameHeaderBytes && load_be16(d + kUdpDstOffset) == cfg.data.port) {
-      const std::uint32_t owner = load_be16(d + kSlotOffset) % workers.size();
+      const std::uint32_t owner = load_be16(d + kSlotOffset) % n_workers;
       if (owner != w.index) {
         if (rte_ring_mp_enqueue(workers[owner]->steer, m) != 0) {
           ++w.counters[static_cast<std::size_t>(SwitchdCounter::steer_ring_full)];
@@ -687,8 +716,20 @@ void Switch::Impl::send_arp(std::uint32_t ip) {
 }
 
 void Switch::Impl::want(std::uint32_t ip) {
-  if (ip == 0 || book.contains(ip)) return;
-  wanted.try_emplace(ip, 0);
+  // Bounded: a flood of resolve requests cannot grow the list without end.
+  if (ip == 0 || book.contains(ip) || wanted.size() >= kMaxWanted) return;
+  wanted.try_emplace(ip);
+}
+
+/// What the switch may learn from an ARP packet: an address it asked for or already knows (not
+/// a static one), or a sender on the receiving port's subnet. Anything else is a stranger
+/// claiming an address, which would redirect a tree's RESULTs.
+bool Switch::Impl::may_learn(const NeighborEntry& e) const {
+  if (static_ips.count(e.ip) != 0) return false;
+  if (wanted.count(e.ip) != 0 || book.contains(e.ip)) return true;
+  const PortConfig& pc = ports[port_index[e.port]].cfg;
+  const std::uint32_t mask = pc.prefix == 0 ? 0 : ~std::uint32_t{0} << (32 - pc.prefix);
+  return (e.ip & mask) == (pc.ip & mask) && book.size() < kMaxNeighbors;
 }
 
 void Switch::Impl::neighbor_loop() {
@@ -704,6 +745,7 @@ void Switch::Impl::neighbor_loop() {
           e.ip = msgs[i].ip;
           e.port = msgs[i].port;
           std::memcpy(e.mac, msgs[i].mac, 6);
+          if (!may_learn(e)) continue;
           if (book.learn(e)) {
             changed = true;
             log("neighbour %s is %s on port %s", format_ipv4(e.ip).c_str(),
@@ -715,16 +757,27 @@ void Switch::Impl::neighbor_loop() {
         }
       }
       if (changed) publish_neighbors();
-      // Unresolved next hops: ask again every 100 ms until they answer.
+      // Unresolved next hops: ask again every 100 ms, 30 times.
       const std::uint64_t now = rte_rdtsc();
-      for (auto& [ip, last] : wanted) {
-        if (last == 0 || now - last > tsc_hz / 10) {
-          send_arp(ip);
-          last = now;
+      for (auto it = wanted.begin(); it != wanted.end();) {
+        Wanted& w = it->second;
+        if (w.tries != 0 && now - w.last < tsc_hz / 10) {
+          ++it;
+          continue;
         }
+        if (w.tries == 30) {
+          log("neighbour %s does not answer ARP; asking again when a packet needs it",
+              format_ipv4(it->first).c_str());
+          it = wanted.erase(it);
+          continue;
+        }
+        send_arp(it->first);
+        w.last = now;
+        ++w.tries;
+        ++it;
       }
     }
-    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
@@ -874,8 +927,10 @@ void Switch::run() {
     args.emplace_back(&s, w.get());
     if (w->lcore == rte_lcore_id()) {
       on_main = w.get();
-    } else {
-      rte_eal_remote_launch(launch_worker, &args.back(), w->lcore);
+    } else if (int rc = rte_eal_remote_launch(launch_worker, &args.back(), w->lcore); rc != 0) {
+      // Its slots would be black-holed: stop rather than run without it.
+      log("cannot start the datapath on lcore %u (%s); stopping", w->lcore, rte_strerror(-rc));
+      g_stop = true;
     }
   }
   if (on_main != nullptr) {
@@ -886,9 +941,13 @@ void Switch::run() {
   rte_eal_mp_wait_lcore();
   neighbor.join();
   timer.join();
-  // Whatever the neighbour thread queued after the last worker pass is not sent.
+  // Whatever is still queued for a worker (ARP requests, frames steered after the owner's last
+  // pass) is not sent.
   rte_mbuf* m;
   while (rte_ring_sc_dequeue(s.inject_ring, reinterpret_cast<void**>(&m)) == 0) rte_pktmbuf_free(m);
+  for (auto& w : s.workers) {
+    while (rte_ring_sc_dequeue(w->steer, reinterpret_cast<void**>(&m)) == 0) rte_pktmbuf_free(m);
+  }
 }
 
 }  // namespace treeduce::switchd

@@ -52,7 +52,8 @@ class Switch final : public TreeControl {
 };
 
 /// DPDK telemetry commands /treeduce/stats, /treeduce/ports, /treeduce/trees, /treeduce/tree,<id>
-/// over `sw`'s snapshots. Call once after rte_eal_init().
+/// over `sw`'s snapshots, registered at the first call after rte_eal_init(). Call with nullptr
+/// before the switch goes away: it waits for a command that is reading it.
 void register_telemetry(const Switch* sw);
 
 }  // namespace treeduce::switchd

@@ -1,11 +1,14 @@
 // treeduce-switch: the DPDK switch daemon (docs/switch.md).
 //   treeduce-switch [EAL arguments] -- [--config FILE] [treeduce arguments]
+#include <fcntl.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -54,7 +57,20 @@ int main(int argc, char** argv) {
   if (!parsed.config) return fail(parsed.error, 2);
   const SwitchConfig& cfg = *parsed.config;
 
-  if (rte_eal_init(split, argv) < 0) {
+  // On a bad EAL argument the EAL prints its whole usage (a hundred lines) on stdout; stderr
+  // already names the argument, and our sentence follows.
+  std::fflush(stdout);
+  const int saved_stdout = dup(STDOUT_FILENO);
+  const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (devnull >= 0) dup2(devnull, STDOUT_FILENO);
+  const int eal = rte_eal_init(split, argv);
+  std::fflush(stdout);
+  if (saved_stdout >= 0) {
+    dup2(saved_stdout, STDOUT_FILENO);
+    close(saved_stdout);
+  }
+  if (devnull >= 0) close(devnull);
+  if (eal < 0) {
     return fail(std::string("DPDK EAL initialisation failed (") + rte_strerror(rte_errno) +
                     "); check the EAL arguments before '--'.",
                 2);
@@ -95,6 +111,8 @@ int main(int argc, char** argv) {
                      cfg.ports.size(), metrics ? metrics->port() : 0, agent->port(),
                      cfg.manager.empty() ? "" : ", manager ", cfg.manager.c_str());
         sw->run();
+        // The datapath has stopped: stop heartbeats so the manager does not count on it.
+        agent.reset();
         const Snapshot last = sw->snapshot();
         std::fprintf(stderr, "treeduce-switch: %s stopping; final counters:\n%s", cfg.name.c_str(),
                      render_summary(last).c_str());
@@ -109,6 +127,11 @@ int main(int argc, char** argv) {
       register_telemetry(nullptr);
     }
   }
+  // The EAL leaves its runtime directory (config, memory maps, telemetry socket) behind; a
+  // switch has no secondary processes that could still need it.
+  const std::string runtime_dir = rte_eal_get_runtime_dir();
   rte_eal_cleanup();
+  std::error_code ec;
+  std::filesystem::remove_all(runtime_dir, ec);
   return rc;
 }

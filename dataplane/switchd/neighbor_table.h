@@ -24,6 +24,7 @@ class NeighborTable {
  public:
   explicit NeighborTable(const std::vector<NeighborEntry>& entries);
   const NeighborEntry* find(std::uint32_t ip) const noexcept {
+    if (ip == 0) return nullptr;  // 0 marks empty buckets
     for (std::uint32_t i = hash(ip);; i = (i + 1) & mask_) {
       const NeighborEntry& e = buckets_[i];
       if (e.ip == ip) return &e;
@@ -48,6 +49,7 @@ class NeighborBook {
  public:
   bool learn(const NeighborEntry& e);
   bool contains(std::uint32_t ip) const { return entries_.count(ip) != 0; }
+  std::size_t size() const { return entries_.size(); }
   std::unique_ptr<NeighborTable> build() const;
 
  private:

@@ -2,9 +2,10 @@
 // dpdk-telemetry.py (/treeduce/stats, /treeduce/ports, /treeduce/trees, /treeduce/tree,<id>).
 #include <rte_telemetry.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "datapath.h"
@@ -13,13 +14,16 @@ namespace treeduce::switchd {
 
 namespace {
 
-// Cleared before the switch goes away; the telemetry thread outlives it until rte_eal_cleanup().
-std::atomic<const Switch*> g_switch{nullptr};
+// The telemetry thread outlives the switch (until rte_eal_cleanup()): callbacks hold the lock
+// shared while they read, and register_telemetry(nullptr) takes it exclusively, so the switch is
+// never freed under a running callback.
+std::shared_mutex g_mu;
+const Switch* g_switch = nullptr;
 
 bool snap(Snapshot* out) {
-  const Switch* sw = g_switch.load();
-  if (sw == nullptr) return false;
-  *out = sw->snapshot();
+  std::shared_lock l(g_mu);
+  if (g_switch == nullptr) return false;
+  *out = g_switch->snapshot();
   return true;
 }
 
@@ -98,9 +102,12 @@ int tree(const char*, const char* params, rte_tel_data* d) {
 }  // namespace
 
 void register_telemetry(const Switch* sw) {
-  const bool first = g_switch.exchange(sw) == nullptr && sw != nullptr;
+  {
+    std::unique_lock l(g_mu);
+    g_switch = sw;
+  }
   static bool registered = false;
-  if (!first || registered) return;
+  if (sw == nullptr || registered) return;
   registered = true;
   rte_telemetry_register_cmd("/treeduce/stats", stats,
                              "Switch-wide drops, events and daemon counters. No parameters");

@@ -184,8 +184,6 @@ TEST(SwitchConfig, SwitchErrorsNameTheLine) {
        "line 5: idle_sleep_us must be from 0 to 1000000, got 1000001."},
       {s + "heartbeat_ms: 5\n", "line 5: heartbeat_ms must be from 10 to 60000, got 5."},
       {s + "rx_desc: 16\n", "line 5: rx_desc must be from 32 to 16384, got 16."},
-      {s + "mbufs: 1024\n",
-       "line 5: mbufs must be at least ports x (rx_desc + tx_desc) = 2048, got 1024."},
       {s + "log_level: loud\n",
        "line 5: log_level must be trace, debug, info, warn or error, got \"loud\"."},
       {s + "manager: localhost\n",
