@@ -42,6 +42,10 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
     auto chan = grpc::CreateCustomChannel(manager, grpc::InsecureChannelCredentials(), args);
     stub_ = pb::SwitchRegistry::NewStub(chan);
     grpc::ClientContext ctx;
+    // Wait for the channel rather than fail fast: under load the first connection attempt to a
+    // manager that has just started can still be in progress.
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     pb::RegisterRequest req;
     req.set_name(name_);
     req.set_agent_address(address());

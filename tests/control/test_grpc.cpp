@@ -333,11 +333,19 @@ struct Daemon {
     }
     if (eventually([&] { return fs::exists(pf); }, 10000)) std::ifstream(pf) >> port;
   }
+  // A test that fails half-way must not leave the daemon running: it holds the test's stdout,
+  // and meson would wait for it until the test's timeout.
+  ~Daemon() {
+    if (pid > 0) stop(SIGKILL);
+  }
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
   std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
   int stop(int sig) {
     kill(pid, sig);
     int status = 0;
     waitpid(pid, &status, 0);
+    pid = -1;
     return status;
   }
 };
