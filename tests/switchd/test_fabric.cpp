@@ -24,26 +24,16 @@
 #include <sstream>
 #include <thread>
 
+#include "fabric.h"
 #include "manager.grpc.pb.h"
-#include "netns.h"
 
 namespace treeduce::testing {
 namespace {
 
 namespace pb = treeduce::control::v1;
 
-constexpr std::uint64_t kKey = 0x7d0c0ffee1234567ull;
-constexpr int kPayload = 1024;
-constexpr int kSlots = 16;
-
 struct Options {
-  double leaf_uplink_loss = 0;  ///< rx_loss on each leaf's memif port (RESULTs coming down)
-  double spine_loss = 0;        ///< rx_loss on the spine's memif ports (partials going up)
-  double host_port_loss = 0;    ///< rx_loss on the leaves' host ports (CONTRIBs from hosts)
-  bool deterministic = false;
-  /// Datapath lcores of each switch: 2 exercises slot sharding and software steering. (Both
-  /// ends of a memif link need the same number of queues.)
-  int lcores = 1;
+  FabricOptions fabric{TREEDUCE_SWITCH_BIN, ""};
   /// Trees from a treeduce-manager process (the test joins the job for the four ranks) instead of
   /// static trees in the switches' configuration.
   bool manager = false;
@@ -52,31 +42,6 @@ struct Options {
   std::string counts = "1,255,256,1000,20000";
   int iters = 1;
 };
-
-std::string ip_of_host(int h) { return "10.1." + std::to_string(h) + ".1"; }
-
-std::string tree_yaml(const std::string& role, const std::string& parent, int index,
-                      const std::vector<std::pair<std::string, int>>& children, bool det) {
-  std::ostringstream y;
-  y << "trees:\n  - tree: 1\n    job: fabric-test\n    key: " << kKey << "\n    role: " << role
-    << "\n";
-  if (!parent.empty()) y << "    parent: " << parent << "\n    index_at_parent: " << index << "\n";
-  y << "    children:\n";
-  for (const auto& [addr, hosts] : children) {
-    y << "      - {addr: " << addr << ", hosts: " << hosts << "}\n";
-  }
-  y << "    slots: " << kSlots << "\n    payload_bytes: " << kPayload
-    << "\n    deterministic: " << (det ? "true" : "false") << "\n";
-  return y.str();
-}
-
-std::string port_yaml(const std::string& name, const std::string& ip, double loss) {
-  std::ostringstream y;
-  y << "  - {name: " << name << ", ip: " << ip;
-  if (loss > 0) y << ", rx_loss: " << loss;
-  y << "}\n";
-  return y.str();
-}
 
 /// Parses `name{...labels...} value` lines of a Prometheus text file into label-string -> value.
 std::map<std::string, std::uint64_t> read_prom(const std::string& path) {
@@ -100,87 +65,22 @@ std::uint64_t counter(const std::map<std::string, std::uint64_t>& m, const std::
   return 0;
 }
 
-class Fabric {
+/// The fabric of tests/tools/fabric.h plus what a test does with it: four treeduce-refhost ranks.
+class TestFabric {
  public:
-  explicit Fabric(const Options& o) : opt_(o), lab_("f") {}
+  explicit TestFabric(const Options& o) : opt_(o), lab_("f"), fab_(lab_, with_manager(o)) {}
 
-  /// Brings up namespaces, links and switches (and the manager); false (with a test failure) if
-  /// anything failed.
+  /// Brings the fabric up and gives every rank its tree (static, or joined through the manager);
+  /// false with a test failure otherwise.
   bool up() {
-    for (int h = 0; h < 4; ++h) {
-      hosts_.push_back(lab_.netns("h" + std::to_string(h)));
-      if (!lab_.veth(hosts_[h], "eth0", "", port_if(h))) return false;
-      const std::string gw = "10.1." + std::to_string(h) + ".254";
-      if (lab_.in(hosts_[h], "ip addr add " + ip_of_host(h) + "/24 dev eth0") != 0 ||
-          lab_.in(hosts_[h], "ip route add default via " + gw) != 0) {
-        ADD_FAILURE() << "host addressing failed";
-        return false;
-      }
-    }
-    std::string manager_flag;
-    if (opt_.manager) {
-      const std::string topo = lab_.write("topology.yaml", topology_yaml());
-      const std::string port_file = lab_.dir() + "/manager.port";
-      manager_ = &lab_.spawn("manager", "",
-                             {TREEDUCE_MANAGER_BIN, "-t", topo, "-l", "127.0.0.1:0", "--port-file",
-                              port_file, "--lease-ms", "5000", "--switch-lease-ms", "5000"});
-      if (!lab_.wait_log(*manager_, "listening on port", std::chrono::seconds(20))) {
-        ADD_FAILURE() << "manager did not start:\n" << Lab::read_log(*manager_);
-        return false;
-      }
-      std::ifstream(port_file) >> manager_port_;
-      manager_flag = "127.0.0.1:" + std::to_string(manager_port_);
-    }
-    const std::string d = lab_.dir();
-    const std::string spine_data = "10.0.0.3:47110";
-    for (int l = 0; l < 2; ++l) {
-      std::ostringstream y;
-      y << "name: leaf" << l << "\ndata: 10.0.0." << l + 1 << ":47110\nports:\n"
-        << port_yaml("net_af_packet0", "10.1." + std::to_string(2 * l) + ".254/24",
-                     opt_.host_port_loss)
-        << port_yaml("net_af_packet1", "10.1." + std::to_string(2 * l + 1) + ".254/24",
-                     opt_.host_port_loss)
-        << port_yaml("net_memif0", "10.2." + std::to_string(l) + ".1/30", opt_.leaf_uplink_loss)
-        << "seed: " << 11 + l << "\n";
-      if (!opt_.manager) {
-        y << tree_yaml("leaf", spine_data, l,
-                       {{ip_of_host(2 * l) + ":50000", 1}, {ip_of_host(2 * l + 1) + ":50000", 1}},
-                       opt_.deterministic);
-      }
-      const std::string cfg = lab_.write("leaf" + std::to_string(l) + ".yaml", y.str());
-      const std::string qp = ",qpairs=" + std::to_string(opt_.lcores);
-      switches_.push_back(&start_switch("leaf" + std::to_string(l), cfg,
-                                        {"--vdev=net_af_packet0,iface=" + port_if(2 * l) + qp,
-                                         "--vdev=net_af_packet1,iface=" + port_if(2 * l + 1) + qp,
-                                         "--vdev=net_memif0,role=client,id=" + std::to_string(l) +
-                                             ",socket=" + d + "/memif.sock"},
-                                        manager_flag));
-    }
-    std::ostringstream y;
-    y << "name: spine\ndata: " << spine_data << "\nports:\n"
-      << port_yaml("net_memif0", "10.2.0.2/30", opt_.spine_loss)
-      << port_yaml("net_memif1", "10.2.1.2/30", opt_.spine_loss) << "seed: 13\n";
-    if (!opt_.manager) {
-      y << tree_yaml("root", "", 0, {{"10.0.0.1:47110", 2}, {"10.0.0.2:47110", 2}},
-                     opt_.deterministic);
-    }
-    const std::string cfg = lab_.write("spine.yaml", y.str());
-    // The spine serves both memif links on one socket, told apart by id.
-    switches_.push_back(
-        &start_switch("spine", cfg,
-                      {"--vdev=net_memif0,role=server,id=0,socket=" + d + "/memif.sock",
-                       "--vdev=net_memif1,role=server,id=1,socket=" + d + "/memif.sock"},
-                      manager_flag));
-    for (Proc* p : switches_) {
-      if (!lab_.wait_log(*p, " ready: ", std::chrono::seconds(30))) {
-        ADD_FAILURE() << p->name << " did not start:\n" << Lab::read_log(*p);
-        return false;
-      }
+    if (const std::string e = fab_.up(); !e.empty()) {
+      ADD_FAILURE() << e;
+      return false;
     }
     if (opt_.manager) return join("fabric-test");
-    for (int h = 0; h < 4; ++h) {
-      ranks_.push_back({"10.0.0." + std::to_string(h / 2 + 1) + ":47110", 1, kKey,
-                        static_cast<std::uint32_t>(h % 2), kSlots, kPayload});
+    for (int h = 0; h < Fabric::kHosts; ++h) {
+      ranks_.push_back({Fabric::leaf_address(h), 1, kStaticKey, static_cast<std::uint32_t>(h % 2),
+                        kStaticSlots, kStaticPayload});
     }
     return true;
   }
@@ -188,8 +88,8 @@ class Fabric {
   /// Joins `job` for the four ranks, as their host library would, and keeps their assignments.
   /// The switches may still be registering: a refusal for that reason is retried.
   bool join(const std::string& job) {
-    auto stub = pb::JobService::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(manager_port_), grpc::InsecureChannelCredentials()));
+    auto stub = pb::JobService::NewStub(
+        grpc::CreateChannel(fab_.manager_address(), grpc::InsecureChannelCredentials()));
     std::vector<pb::JoinReply> rep(4);
     std::vector<grpc::Status> st(4);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -202,10 +102,9 @@ class Fabric {
           req.set_rank(static_cast<std::uint32_t>(h));
           req.set_world_size(4);
           req.set_host("h" + std::to_string(h));
-          req.set_port(50000);
-          req.set_slots(kSlots);
-          req.set_payload_bytes(kPayload);
-          req.set_deterministic(opt_.deterministic);
+          req.set_port(kHostPort);
+          req.set_slots(kStaticSlots);
+          req.set_payload_bytes(kStaticPayload);
           req.set_wait_ms(10000);
           grpc::ClientContext ctx;
           ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
@@ -230,8 +129,8 @@ class Fabric {
 
   /// Every rank leaves `job`; the manager then removes the tree from every switch.
   void leave(const std::string& job) {
-    auto stub = pb::JobService::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(manager_port_), grpc::InsecureChannelCredentials()));
+    auto stub = pb::JobService::NewStub(
+        grpc::CreateChannel(fab_.manager_address(), grpc::InsecureChannelCredentials()));
     for (std::uint32_t h = 0; h < 4; ++h) {
       pb::LeaveRequest req;
       req.set_job(job);
@@ -244,7 +143,7 @@ class Fabric {
   }
 
   std::uint32_t tree_id() const { return ranks_.at(0).tree; }
-  Proc& switch_proc(std::size_t i) { return *switches_.at(i); }
+  Proc& switch_proc(std::size_t i) { return *fab_.switches().at(i); }
 
   /// Runs the four ranks to completion; true when every one passed. `cases` gets the number of
   /// cases each rank ran.
@@ -252,12 +151,12 @@ class Fabric {
     std::vector<Proc*> hosts;
     for (int h = 0; h < 4; ++h) {
       const Rank& r = ranks_[h];
-      hosts.push_back(&lab_.spawn("host" + std::to_string(h), hosts_[h],
+      hosts.push_back(&lab_.spawn("host" + std::to_string(h), fab_.host_netns(h),
                                   {TREEDUCE_REFHOST_BIN,
                                    "--leaf",
                                    r.leaf,
                                    "--bind",
-                                   ip_of_host(h) + ":50000",
+                                   Fabric::host_ip(h) + ":" + std::to_string(kHostPort),
                                    "--tree",
                                    std::to_string(r.tree),
                                    "--key",
@@ -313,70 +212,18 @@ class Fabric {
   /// Stops the switches (SIGTERM) and returns their final counters.
   std::vector<std::map<std::string, std::uint64_t>> stop_switches() {
     std::vector<std::map<std::string, std::uint64_t>> out;
-    for (Proc* p : switches_) {
-      EXPECT_EQ(lab_.stop(*p, std::chrono::seconds(10)), 0) << Lab::read_log(*p);
-      out.push_back(read_prom(lab_.dir() + "/" + p->name + ".prom"));
+    const std::vector<int> status = fab_.stop();
+    for (std::size_t i = 0; i < status.size(); ++i) {
+      EXPECT_EQ(status[i], 0) << Lab::read_log(*fab_.switches()[i]);
+      out.push_back(read_prom(fab_.final_stats(i)));
     }
     return out;
   }
 
   Lab& lab() { return lab_; }
-  const std::vector<std::string>& hosts() const { return hosts_; }
+  const std::string& host_netns(int h) const { return fab_.host_netns(h); }
 
  private:
-  /// The switch-side end of host h's veth pair, in the test's namespace: unique per test process.
-  std::string port_if(int h) const { return lab_.prefix() + "p" + std::to_string(h); }
-
-  static std::string topology_yaml() {
-    std::ostringstream y;
-    y << "switches:\n";
-    for (int l = 0; l < 2; ++l) {
-      y << "  - {name: leaf" << l << ", level: 0, data: \"10.0.0." << l + 1
-        << ":47110\", profile: server, ports: 3}\n";
-    }
-    y << "  - {name: spine, level: 1, data: \"10.0.0.3:47110\", profile: server, ports: "
-         "2}\nhosts:\n";
-    for (int h = 0; h < 4; ++h) {
-      y << "  - {name: h" << h << ", address: " << ip_of_host(h) << ", switch: leaf" << h / 2
-        << ", port: " << h % 2 + 1 << "}\n";
-    }
-    y << "links:\n";
-    for (int l = 0; l < 2; ++l) {
-      y << "  - {a: leaf" << l << ", a_port: 3, b: spine, b_port: " << l + 1 << "}\n";
-    }
-    return y.str();
-  }
-
-  Proc& start_switch(const std::string& name, const std::string& cfg,
-                     const std::vector<std::string>& vdevs, const std::string& manager) {
-    // Lcores that float over both CPUs: three switches and four hosts share a 2-core machine.
-    std::string lc = "--lcores=";
-    for (int i = 0; i < opt_.lcores; ++i) lc += (i ? "," : "") + std::to_string(i) + "@(0-1)";
-    std::vector<std::string> argv = {TREEDUCE_SWITCH_BIN,
-                                     "--no-huge",
-                                     "-m",
-                                     "256",
-                                     "--no-pci",
-                                     "--file-prefix=" + lab_.prefix() + name,
-                                     lc,
-                                     "--log-level=lib.eal:warning"};
-    argv.insert(argv.end(), vdevs.begin(), vdevs.end());
-    for (const char* a : {"--", "--config"}) argv.emplace_back(a);
-    argv.push_back(cfg);
-    for (const std::string& a : {std::string("--idle-sleep-us"), std::string("200"),
-                                 std::string("--metrics"), std::string("127.0.0.1:0"),
-                                 std::string("--final-stats"), lab_.dir() + "/" + name + ".prom"}) {
-      argv.push_back(a);
-    }
-    if (!manager.empty()) {
-      for (const std::string& a :
-           {std::string("--manager"), manager, std::string("--heartbeat-ms"), std::string("200")}) {
-        argv.push_back(a);
-      }
-    }
-    return lab_.spawn(name, "", argv);
-  }
-
   /// What a rank needs to know of its tree (what the manager's Join answers).
   struct Rank {
     std::string leaf;
@@ -385,13 +232,16 @@ class Fabric {
     std::uint32_t child, slots, payload;
   };
 
+  static FabricOptions with_manager(const Options& o) {
+    FabricOptions f = o.fabric;
+    if (o.manager) f.manager_bin = TREEDUCE_MANAGER_BIN;
+    return f;
+  }
+
   Options opt_;
   Lab lab_;
+  Fabric fab_;
   std::vector<Rank> ranks_;
-  Proc* manager_ = nullptr;
-  int manager_port_ = 0;
-  std::vector<std::string> hosts_;
-  std::vector<Proc*> switches_;
 };
 
 /// Chunks of one rank's collectives: what every switch must complete exactly once.
@@ -401,7 +251,7 @@ std::uint64_t chunks(const Options& o) {
   std::string d;
   while (std::getline(dts, d, ',')) {
     const int size = d == "f16" || d == "bf16" ? 2 : d == "e4m3" || d == "e5m2" ? 1 : 4;
-    const int per = kPayload / size;
+    const int per = static_cast<int>(kStaticPayload) / size;
     std::stringstream cs(o.counts);
     std::string c;
     std::uint64_t per_op = 0;
@@ -434,10 +284,10 @@ void check_counters(const Options& o, const std::vector<std::map<std::string, st
 
 TEST(Fabric, EveryDtypeAndOpExact) {
   Options o;
-  Fabric f(o);
+  TestFabric f(o);
   ASSERT_TRUE(f.up());
   // The switch answers ping on its port address (ICMP echo through the daemon's slow path).
-  EXPECT_EQ(f.lab().in(f.hosts()[0], "ping -c 1 -W 2 10.1.0.254 >/dev/null"), 0);
+  EXPECT_EQ(f.lab().in(f.host_netns(0), "ping -c 1 -W 2 10.1.0.254 >/dev/null"), 0);
   int cases = 0;
   EXPECT_TRUE(f.run_hosts(&cases));
   EXPECT_EQ(cases, 6 * 3 * 5);
@@ -450,11 +300,11 @@ TEST(Fabric, EveryDtypeAndOpExact) {
 
 TEST(Fabric, ExactUnderLossOnEveryLink) {
   Options o;
-  o.leaf_uplink_loss = 0.03;
-  o.spine_loss = 0.03;
-  o.host_port_loss = 0.03;
+  o.fabric.leaf_uplink_loss = 0.03;
+  o.fabric.spine_loss = 0.03;
+  o.fabric.host_port_loss = 0.03;
   o.counts = "1,1000,20000";
-  Fabric f(o);
+  TestFabric f(o);
   ASSERT_TRUE(f.up());
   int cases = 0;
   EXPECT_TRUE(f.run_hosts(&cases));
@@ -476,12 +326,12 @@ TEST(Fabric, ExactUnderLossOnEveryLink) {
 
 TEST(Fabric, DeterministicTreeExactUnderLoss) {
   Options o;
-  o.deterministic = true;
-  o.leaf_uplink_loss = 0.02;
-  o.host_port_loss = 0.02;
+  o.fabric.deterministic = true;
+  o.fabric.leaf_uplink_loss = 0.02;
+  o.fabric.host_port_loss = 0.02;
   o.counts = "1000,20000";
   o.ops = "sum";
-  Fabric f(o);
+  TestFabric f(o);
   ASSERT_TRUE(f.up());
   int cases = 0;
   EXPECT_TRUE(f.run_hosts(&cases));
@@ -493,10 +343,10 @@ TEST(Fabric, DeterministicTreeExactUnderLoss) {
 // the peer's lcore), and the slot's owner must do the adding; the other lcore hands them over.
 TEST(Fabric, TwoLcoresPerSwitchShardSlots) {
   Options o;
-  o.lcores = 2;
-  o.host_port_loss = 0.02;
+  o.fabric.lcores = 2;
+  o.fabric.host_port_loss = 0.02;
   o.counts = "1,1000,20000";
-  Fabric f(o);
+  TestFabric f(o);
   ASSERT_TRUE(f.up());
   int cases = 0;
   EXPECT_TRUE(f.run_hosts(&cases));
@@ -523,8 +373,8 @@ TEST(Fabric, ManagerInstallsAndRemovesTheTree) {
   Options o;
   o.manager = true;
   o.counts = "1,1000,20000";
-  o.host_port_loss = 0.02;
-  Fabric f(o);
+  o.fabric.host_port_loss = 0.02;
+  TestFabric f(o);
   ASSERT_TRUE(f.up());
   int cases = 0;
   EXPECT_TRUE(f.run_hosts(&cases));

@@ -1,4 +1,4 @@
-#include "netns.h"
+#include "lab.h"
 
 #include <fcntl.h>
 #include <signal.h>

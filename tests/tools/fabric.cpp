@@ -1,0 +1,168 @@
+#include "fabric.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace treeduce::testing {
+
+namespace {
+
+std::string tree_yaml(const std::string& role, const std::string& parent, int index,
+                      const std::vector<std::pair<std::string, int>>& children, bool det) {
+  std::ostringstream y;
+  y << "trees:\n  - tree: 1\n    job: fabric-test\n    key: " << kStaticKey
+    << "\n    role: " << role << "\n";
+  if (!parent.empty()) y << "    parent: " << parent << "\n    index_at_parent: " << index << "\n";
+  y << "    children:\n";
+  for (const auto& [addr, hosts] : children) {
+    y << "      - {addr: " << addr << ", hosts: " << hosts << "}\n";
+  }
+  y << "    slots: " << kStaticSlots << "\n    payload_bytes: " << kStaticPayload
+    << "\n    deterministic: " << (det ? "true" : "false") << "\n";
+  return y.str();
+}
+
+std::string port_yaml(const std::string& name, const std::string& ip, double loss) {
+  std::ostringstream y;
+  y << "  - {name: " << name << ", ip: " << ip;
+  if (loss > 0) y << ", rx_loss: " << loss;
+  y << "}\n";
+  return y.str();
+}
+
+}  // namespace
+
+std::string Fabric::topology_yaml() {
+  std::ostringstream y;
+  y << "switches:\n";
+  for (int l = 0; l < 2; ++l) {
+    y << "  - {name: leaf" << l << ", level: 0, data: \"10.0.0." << l + 1
+      << ":47110\", profile: server, ports: 3}\n";
+  }
+  y << "  - {name: spine, level: 1, data: \"10.0.0.3:47110\", profile: server, ports: 2}\n"
+    << "hosts:\n";
+  for (int h = 0; h < kHosts; ++h) {
+    y << "  - {name: h" << h << ", address: " << host_ip(h) << ", switch: leaf" << h / 2
+      << ", port: " << h % 2 + 1 << "}\n";
+  }
+  y << "links:\n";
+  for (int l = 0; l < 2; ++l) {
+    y << "  - {a: leaf" << l << ", a_port: 3, b: spine, b_port: " << l + 1 << "}\n";
+  }
+  return y.str();
+}
+
+std::string Fabric::manager_address() const {
+  return manager_ == nullptr ? "" : "127.0.0.1:" + std::to_string(manager_port_);
+}
+
+std::string Fabric::final_stats(std::size_t i) const {
+  return lab_.dir() + "/" + switches_.at(i)->name + ".prom";
+}
+
+std::string Fabric::up() {
+  for (int h = 0; h < kHosts; ++h) {
+    hosts_.push_back(lab_.netns("h" + std::to_string(h)));
+    if (!lab_.veth(hosts_.back(), "eth0", "", port_if(h))) return "cannot create veth pairs.";
+    const std::string gw = "10.1." + std::to_string(h) + ".254";
+    if (lab_.in(hosts_.back(), "ip addr add " + host_ip(h) + "/24 dev eth0") != 0 ||
+        lab_.in(hosts_.back(), "ip route add default via " + gw) != 0) {
+      return "cannot address host " + std::to_string(h) + ".";
+    }
+  }
+  if (!opt_.manager_bin.empty()) {
+    const std::string topo = lab_.write("topology.yaml", topology_yaml());
+    const std::string port_file = lab_.dir() + "/manager.port";
+    manager_ = &lab_.spawn("manager", "",
+                           {opt_.manager_bin, "-t", topo, "-l", "127.0.0.1:0", "--port-file",
+                            port_file, "--lease-ms", "5000", "--switch-lease-ms", "5000"});
+    if (!lab_.wait_log(*manager_, "listening on port", std::chrono::seconds(20))) {
+      return "the manager did not start:\n" + Lab::read_log(*manager_);
+    }
+    std::ifstream(port_file) >> manager_port_;
+  }
+  const bool static_trees = manager_ == nullptr;
+  const std::string d = lab_.dir();
+  const std::string spine_data = "10.0.0.3:47110";
+  for (int l = 0; l < 2; ++l) {
+    std::ostringstream y;
+    y << "name: leaf" << l << "\ndata: 10.0.0." << l + 1 << ":47110\nports:\n"
+      << port_yaml("net_af_packet0", "10.1." + std::to_string(2 * l) + ".254/24",
+                   opt_.host_port_loss)
+      << port_yaml("net_af_packet1", "10.1." + std::to_string(2 * l + 1) + ".254/24",
+                   opt_.host_port_loss)
+      << port_yaml("net_memif0", "10.2." + std::to_string(l) + ".1/30", opt_.leaf_uplink_loss)
+      << "seed: " << 11 + l << "\n";
+    if (static_trees) {
+      const std::string port = ":" + std::to_string(kHostPort);
+      y << tree_yaml("leaf", spine_data, l,
+                     {{host_ip(2 * l) + port, 1}, {host_ip(2 * l + 1) + port, 1}},
+                     opt_.deterministic);
+    }
+    const std::string cfg = lab_.write("leaf" + std::to_string(l) + ".yaml", y.str());
+    const std::string qp = ",qpairs=" + std::to_string(opt_.lcores);
+    switches_.push_back(&start_switch("leaf" + std::to_string(l), cfg,
+                                      {"--vdev=net_af_packet0,iface=" + port_if(2 * l) + qp,
+                                       "--vdev=net_af_packet1,iface=" + port_if(2 * l + 1) + qp,
+                                       "--vdev=net_memif0,role=client,id=" + std::to_string(l) +
+                                           ",socket=" + d + "/memif.sock"}));
+  }
+  std::ostringstream y;
+  y << "name: spine\ndata: " << spine_data << "\nports:\n"
+    << port_yaml("net_memif0", "10.2.0.2/30", opt_.spine_loss)
+    << port_yaml("net_memif1", "10.2.1.2/30", opt_.spine_loss) << "seed: 13\n";
+  if (static_trees) {
+    y << tree_yaml("root", "", 0, {{"10.0.0.1:47110", 2}, {"10.0.0.2:47110", 2}},
+                   opt_.deterministic);
+  }
+  const std::string cfg = lab_.write("spine.yaml", y.str());
+  // The spine serves both memif links on one socket, told apart by id.
+  switches_.push_back(
+      &start_switch("spine", cfg,
+                    {"--vdev=net_memif0,role=server,id=0,socket=" + d + "/memif.sock",
+                     "--vdev=net_memif1,role=server,id=1,socket=" + d + "/memif.sock"}));
+  for (Proc* p : switches_) {
+    if (!lab_.wait_log(*p, " ready: ", std::chrono::seconds(30))) {
+      return p->name + " did not start:\n" + Lab::read_log(*p);
+    }
+  }
+  return "";
+}
+
+Proc& Fabric::start_switch(const std::string& name, const std::string& cfg,
+                           const std::vector<std::string>& vdevs) {
+  // Lcores that float over both CPUs: three switches and four hosts share a 2-core machine.
+  std::string lc = "--lcores=";
+  for (int i = 0; i < opt_.lcores; ++i) lc += (i ? "," : "") + std::to_string(i) + "@(0-1)";
+  std::vector<std::string> argv = {opt_.switch_bin,
+                                   "--no-huge",
+                                   "-m",
+                                   "256",
+                                   "--no-pci",
+                                   "--file-prefix=" + lab_.prefix() + name,
+                                   lc,
+                                   "--log-level=lib.eal:warning"};
+  argv.insert(argv.end(), vdevs.begin(), vdevs.end());
+  for (const std::string& a :
+       {std::string("--"), std::string("--config"), cfg, std::string("--idle-sleep-us"),
+        std::to_string(opt_.idle_sleep_us), std::string("--metrics"), std::string("127.0.0.1:0"),
+        std::string("--final-stats"), lab_.dir() + "/" + name + ".prom"}) {
+    argv.push_back(a);
+  }
+  if (manager_ != nullptr) {
+    for (const std::string& a : {std::string("--manager"), manager_address(),
+                                 std::string("--heartbeat-ms"), std::string("200")}) {
+      argv.push_back(a);
+    }
+  }
+  return lab_.spawn(name, "", argv);
+}
+
+std::vector<int> Fabric::stop() {
+  std::vector<int> status;
+  for (Proc* p : switches_) status.push_back(lab_.stop(*p, std::chrono::seconds(10)));
+  if (manager_ != nullptr) lab_.stop(*manager_);
+  return status;
+}
+
+}  // namespace treeduce::testing
