@@ -1,8 +1,13 @@
-// treeduce: the manager's command line. Reads the Query service and prints tables or JSON.
+// treeduce: the manager's command line. Reads the Query service and prints tables or JSON, and
+// `doctor` explains whether a job would be reduced in the network.
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -81,6 +86,204 @@ int fail(const grpc::Status& s, const std::string& manager) {
   return 1;
 }
 
+// ---------------------------------------------------------------------------------------------
+// `treeduce doctor`: would a job be reduced in the network, and if not, why. It reads the Query
+// service only, so it never creates a job. The Query service lists switches and jobs but not
+// hosts, so it cannot tell which leaf a host sits under: a switch that cannot serve the job is
+// a blocker only when no leaf at all could serve it, and a warning otherwise (a tree that needs
+// that switch is refused; one that avoids it is not).
+
+struct DoctorArgs {
+  std::string job;
+  std::uint32_t world = 0;
+  std::string dtype = "f32";
+  std::string op = "sum";
+  std::string host;
+  std::uint32_t slots = 16;
+  std::uint32_t payload_bytes = 1024;
+  bool deterministic = false;
+};
+
+// The manager's rule for job names (control/src/registry.cpp).
+bool good_job_name(const std::string& s) {
+  if (s.empty() || s.size() > 128) return false;
+  return std::all_of(s.begin(), s.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-' ||
+           ch == ':';
+  });
+}
+
+std::string ops(std::uint32_t mask) {
+  std::string s;
+  for (auto o : treeduce::kAllReduceOps)
+    if (mask >> unsigned(o) & 1) s += (s.empty() ? "" : ",") + std::string(treeduce::name(o));
+  return s.empty() ? "-" : s;
+}
+
+class Report {
+ public:
+  void ok(const std::string& s) { line("ok", s); }
+  void note(const std::string& s) { line("note", s); }
+  void warning(const std::string& s) { line("warning", s); }
+  void blocked(const std::string& s) {
+    line("blocked", s);
+    ++blockers_;
+  }
+  int blockers() const { return blockers_; }
+
+ private:
+  static void line(const std::string& tag, const std::string& s) {
+    std::cout << tag << std::string(9 - tag.size(), ' ') << s << "\n";
+  }
+  int blockers_ = 0;
+};
+
+// Why `s` cannot be part of the job's tree, or "" when it can.
+std::string unusable(const pb::SwitchInfo& s, const DoctorArgs& a, treeduce::DType d,
+                     treeduce::ReduceOp op, std::uint32_t payload) {
+  const auto& r = s.resources();
+  const std::string sw = "Switch " + s.name() + " (" + r.profile() + ")";
+  if (!s.registered()) return sw + " has not registered with the manager, so it takes no trees.";
+  if (!s.up()) return sw + " is down: its agent stopped heartbeating or missed an install.";
+  if (!(r.dtype_mask() >> unsigned(d) & 1))
+    return sw + " cannot reduce " + std::string(treeduce::name(d)) + "; it reduces " +
+           dtypes(r.dtype_mask()) + ".";
+  if (!(r.op_mask() >> unsigned(op) & 1))
+    return sw + " cannot " + std::string(treeduce::name(op)) + "; it can " + ops(r.op_mask()) + ".";
+  if (a.deterministic && !r.deterministic())
+    return sw + " has no deterministic mode, and the job asks for it.";
+  if (s.trees_used() >= r.max_trees())
+    return sw + " is out of trees: " + std::to_string(s.trees_used()) + "/" +
+           std::to_string(r.max_trees()) + " in use.";
+  if (s.slots_used() + a.slots > r.max_slots())
+    return sw + " has " +
+           std::to_string(r.max_slots() - std::min<std::uint64_t>(s.slots_used(), r.max_slots())) +
+           " free slots of " + std::to_string(r.max_slots()) + "; the job's window needs " +
+           std::to_string(a.slots) + ".";
+  // Live and shadow copy of every slot (docs/manager.md); deterministic mode needs more.
+  const std::uint64_t bytes = 2ull * a.slots * payload;
+  if (r.memory_bytes() && s.bytes_used() + bytes > r.memory_bytes())
+    return sw + " has " +
+           human_bytes(r.memory_bytes() - std::min(s.bytes_used(), r.memory_bytes())) +
+           "B of aggregation memory free; the job needs " + human_bytes(bytes) + "B.";
+  return "";
+}
+
+std::string period(std::string s) {
+  if (!s.empty() && s.back() != '.') s += '.';
+  return s;
+}
+
+// Everything the manager's two lists tell about the job's chances.
+void check_fabric(Report& rep, const DoctorArgs& a, treeduce::DType d, treeduce::ReduceOp op,
+                  const pb::SwitchList& sl, const pb::JobList& jl) {
+  const std::string job = a.job.empty() ? "the job" : "Job '" + a.job + "'";
+  if (!a.job.empty() && !good_job_name(a.job))
+    rep.blocked("The manager refuses the name '" + a.job +
+                "': a job name is 1 to 128 letters, digits or . _ - : characters.");
+  for (const auto& j : jl.jobs()) {
+    if (a.job.empty() || j.job() != a.job) continue;
+    const std::string ranks = std::to_string(j.joined()) + "/" + std::to_string(j.world_size());
+    if (j.world_size() != a.world)
+      rep.blocked(job + " already exists on the manager with " + std::to_string(j.world_size()) +
+                  " ranks, not " + std::to_string(a.world) + "; its ranks would be refused.");
+    else if (j.state() == pb::JOB_STATE_GATHERING)
+      rep.note(job + " is gathering (" + ranks + " ranks joined); these ranks would join it.");
+    else
+      rep.blocked(job + " already exists on the manager (" + state_name(j.state()) + ", " + ranks +
+                  " ranks" + (j.reason().empty() ? "" : ": " + j.reason()) +
+                  "); new ranks of that name are refused until all its ranks leave.");
+  }
+
+  rep.note((a.host.empty() ? std::string("Each rank's host") : "Host '" + a.host + "'") +
+           " must be in the manager's topology, by name or data address; the Query service "
+           "lists no hosts, so only a join can tell (an unknown host is refused).");
+
+  // The allocator lowers the payload to the smallest in the tree.
+  std::uint32_t payload = a.payload_bytes;
+  for (const auto& s : sl.switches())
+    if (s.registered() && s.up()) payload = std::min(payload, s.resources().max_payload_bytes());
+  int leaves = 0, usable_leaves = 0, usable = 0;
+  std::vector<std::string> problems;
+  for (const auto& s : sl.switches()) {
+    const std::string why = unusable(s, a, d, op, payload);
+    leaves += s.level() == 0;
+    if (why.empty()) {
+      ++usable;
+      usable_leaves += s.level() == 0;
+    } else {
+      problems.push_back(why);
+    }
+  }
+  const std::string what = std::to_string(a.slots) + " slots of " + std::to_string(payload) +
+                           " bytes for " + std::string(treeduce::name(d)) + " " +
+                           std::string(treeduce::name(op));
+  if (usable_leaves == 0) {
+    for (const auto& p : problems) rep.blocked(p);
+    rep.blocked(leaves == 0
+                    ? "The topology has no leaf switches."
+                    : "No leaf switch can serve " + (a.job.empty() ? job : "job '" + a.job + "'") +
+                          " (" + what + "), whichever hosts its ranks are on.");
+    return;
+  }
+  for (const auto& p : problems) rep.warning(p + " A tree that needs this switch is refused.");
+  rep.ok(std::to_string(usable) + " of " + std::to_string(sl.switches_size()) + " switches (" +
+         std::to_string(usable_leaves) + " of " + std::to_string(leaves) +
+         " leaves) are up and have room for " + what + ".");
+}
+
+int doctor(const DoctorArgs& a, const std::string& manager) {
+  const auto d = treeduce::parse_dtype(a.dtype);
+  const auto op = treeduce::parse_op(a.op);
+  if (!d) {
+    std::cerr << "treeduce doctor: '" << a.dtype
+              << "' is not an element type (f32, f16, bf16, e4m3, e5m2, i32).\n";
+    return 2;
+  }
+  if (!op) {
+    std::cerr << "treeduce doctor: '" << a.op << "' is not an operation (sum, min, max).\n";
+    return 2;
+  }
+  auto pow2 = [](std::uint32_t v) { return v && !(v & (v - 1)); };
+  if (!pow2(a.slots) || a.slots > 4096 || !pow2(a.payload_bytes) || a.payload_bytes < 256 ||
+      a.payload_bytes > 8192) {
+    std::cerr << "treeduce doctor: the window must be a power of two up to 4096 slots and the "
+                 "payload a power of two from 256 to 8192 bytes.\n";
+    return 2;
+  }
+  Report rep;
+  auto stub = pb::Query::NewStub(grpc::CreateChannel(manager, grpc::InsecureChannelCredentials()));
+  pb::SwitchList sl;
+  pb::JobList jl;
+  grpc::ClientContext c1, c2;
+  c1.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  c2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (auto st = stub->ListSwitches(&c1, pb::ListRequest(), &sl); !st.ok()) {
+    rep.blocked("The manager at " + manager + " cannot be reached (" + st.error_message() +
+                "), so every rank falls back to host-side reduction.");
+  } else if (st = stub->ListJobs(&c2, pb::ListRequest(), &jl); !st.ok()) {
+    rep.blocked("The manager at " + manager +
+                " did not list its jobs: " + period(st.error_message()));
+  } else {
+    rep.ok("The manager at " + manager + " answers: " + std::to_string(sl.switches_size()) +
+           " switches, " + std::to_string(jl.jobs_size()) + " jobs.");
+    check_fabric(rep, a, *d, *op, sl, jl);
+  }
+
+  const std::string subject = (a.job.empty() ? std::string("The job") : "Job '" + a.job + "'") +
+                              " (" + std::to_string(a.world) + " ranks, " +
+                              std::string(treeduce::name(*d)) + " " +
+                              std::string(treeduce::name(*op)) + ")";
+  if (rep.blockers() == 0) {
+    std::cout << subject << " would be reduced in the network.\n";
+    return 0;
+  }
+  std::cout << subject
+            << " would not be reduced in the network; its ranks would fall back to host-side "
+               "reduction for the reasons marked 'blocked' above.\n";
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,7 +299,48 @@ int main(int argc, char** argv) {
   auto* trees_cmd = app.add_subcommand("trees", "installed aggregation trees");
   auto* sw_cmd = app.add_subcommand("switches", "switches, their state and agents");
   auto* res_cmd = app.add_subcommand("resources", "per-switch resources: used / limit");
-  CLI11_PARSE(app, argc, argv);
+  auto* doc_cmd = app.add_subcommand(
+      "doctor", "says whether a job would be reduced in the network, and why not (exit 0: yes)");
+  DoctorArgs da;
+  if (const char* env = std::getenv("TREEDUCE_JOB")) da.job = env;
+  if (const char* env = std::getenv("TREEDUCE_HOST")) da.host = env;
+  std::string world_env;
+  if (const char* env = std::getenv("TREEDUCE_WORLD_SIZE")) world_env = env;
+  doc_cmd->add_option("--job", da.job, "job name (or $TREEDUCE_JOB)");
+  auto* world_opt = doc_cmd->add_option("--world", da.world, "ranks (or $TREEDUCE_WORLD_SIZE)")
+                        ->check(CLI::Range(1, 65535));
+  doc_cmd->add_option("--dtype", da.dtype, "element type")->capture_default_str();
+  doc_cmd->add_option("--op", da.op, "operation: sum, min, max")->capture_default_str();
+  doc_cmd->add_option("--host", da.host, "a rank's host (or $TREEDUCE_HOST)");
+  doc_cmd->add_option("--slots", da.slots, "window asked of the manager")->capture_default_str();
+  doc_cmd->add_option("--payload", da.payload_bytes, "payload bytes per packet")
+      ->capture_default_str();
+  doc_cmd->add_flag("--deterministic", da.deterministic, "ask for deterministic mode");
+  // Usage errors exit 2, so that scripts can tell them from doctor's "not offloaded" (1).
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (doc_cmd->parsed()) {
+    if (world_opt->count() == 0) {
+      if (world_env.empty()) {
+        std::cerr << "treeduce doctor: give the job's number of ranks with --world or "
+                     "TREEDUCE_WORLD_SIZE.\n";
+        return 2;
+      }
+      unsigned long w = 0;
+      const char* end = world_env.data() + world_env.size();
+      auto [p, ec] = std::from_chars(world_env.data(), end, w);
+      if (ec != std::errc() || p != end || w == 0 || w > 65535) {
+        std::cerr << "treeduce doctor: TREEDUCE_WORLD_SIZE is '" << world_env
+                  << "', not a number of ranks from 1 to 65535.\n";
+        return 2;
+      }
+      da.world = std::uint32_t(w);
+    }
+    return doctor(da, manager);
+  }
 
   auto stub = pb::Query::NewStub(grpc::CreateChannel(manager, grpc::InsecureChannelCredentials()));
   auto ctx = [] {

@@ -453,3 +453,93 @@ TEST(ManagerProcess, KilledDaemonRestartsWithoutDisturbingTrees) {
   second.stop(SIGTERM);
   std::filesystem::remove_all(dir);
 }
+
+// `treeduce doctor`: exit 0 when a job would be reduced in the network, 1 with the reasons when
+// not, 2 on usage errors; it reads the Query service and never creates a job.
+TEST_F(Grpc, DoctorSaysWhetherAJobWouldBeOffloadedAndWhyNot) {
+  Fabric f(topo, addr);
+  const std::string m = "--manager " + addr + " doctor ";
+  auto [rc, out] = cli(m + "--job train --world 4 --host h0");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("Job 'train' (4 ranks, f32 sum) would be reduced in the network."),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("4 of 4 switches (2 of 2 leaves) are up"), std::string::npos) << out;
+  EXPECT_TRUE(reg->jobs().empty());
+
+  // The library's variables stand in for the options.
+  setenv("TREEDUCE_JOB", "envjob", 1);
+  setenv("TREEDUCE_WORLD_SIZE", "2", 1);
+  std::tie(rc, out) = cli(m);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("Job 'envjob' (2 ranks, f32 sum)"), std::string::npos) << out;
+  setenv("TREEDUCE_WORLD_SIZE", "two", 1);
+  EXPECT_EQ(cli(m).first, 2);
+  unsetenv("TREEDUCE_JOB");
+  unsetenv("TREEDUCE_WORLD_SIZE");
+
+  // Usage errors.
+  std::tie(rc, out) = cli(m + "--job x");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--world"), std::string::npos) << out;
+  EXPECT_EQ(cli(m + "--world 0").first, 2);
+  std::tie(rc, out) = cli(m + "--world 2 --dtype f33");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("'f33' is not an element type"), std::string::npos) << out;
+  EXPECT_EQ(cli(m + "--world 2 --slots 3").first, 2);
+
+  // No manager.
+  std::tie(rc, out) = cli("--manager 127.0.0.1:1 doctor --world 2");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("blocked  The manager at 127.0.0.1:1 cannot be reached"), std::string::npos)
+      << out;
+
+  // A name in use, and a bad name.
+  for (auto& [s, rep] : join_all("train")) ASSERT_TRUE(s.ok());
+  std::tie(rc, out) = cli(m + "--job train --world 4");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("Job 'train' already exists on the manager (running, 4/4 ranks)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(cli(m + "--job 'a b' --world 4").first, 1);
+  EXPECT_EQ(cli(m + "--job other --world 4").first, 0);
+
+  // A leaf that reduces integers only: a warning for f32; both such leaves block it.
+  auto sr =
+      pb::SwitchRegistry::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  auto ints_only = [&](const std::string& name) {
+    grpc::ClientContext ctx;
+    pb::RegisterRequest rr;
+    rr.set_name(name);
+    rr.set_agent_address(f.agents[name]->address());
+    auto* r = rr.mutable_resources();
+    r->set_profile("ints");
+    r->set_max_trees(8);
+    r->set_max_slots(512);
+    r->set_max_payload_bytes(1024);
+    r->set_max_children(64);
+    r->set_dtype_mask(1u << unsigned(treeduce::DType::i32));
+    r->set_op_mask(0x07);
+    pb::RegisterReply rrep;
+    return sr->Register(&ctx, rr, &rrep);
+  };
+  ASSERT_TRUE(ints_only("leaf0").ok());
+  std::tie(rc, out) = cli(m + "--job other --world 4");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("warning  Switch leaf0 (ints) cannot reduce f32; it reduces i32."),
+            std::string::npos)
+      << out;
+  ASSERT_TRUE(ints_only("leaf1").ok());
+  std::tie(rc, out) = cli(m + "--job other --world 4");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("No leaf switch can serve job 'other'"), std::string::npos) << out;
+  EXPECT_EQ(cli(m + "--job other --world 4 --dtype i32 --op max").first, 0);
+
+  // A switch whose agent died.
+  f.agents["spine0"]->stop();
+  EXPECT_TRUE(eventually([&] {
+    return cli(m + "--job other --world 4 --dtype i32")
+               .second.find("Switch spine0 (quantum2) is down") != std::string::npos;
+  }));
+  EXPECT_EQ(reg->jobs().size(), 1u);  // only 'train': doctor created nothing
+}
