@@ -1,0 +1,137 @@
+/// @file
+/// libtreeduce's C++ API: a communicator of one job's ranks that runs allreduce (and reduce,
+/// broadcast, barrier on top of it) through the in-network path when the Aggregation Manager
+/// gave the job a tree, and through host-side reduction (Gloo) when it did not, saying why.
+///
+/// Shaped after the SHARP collective library (init, comm init, allreduce, iallreduce, test/wait)
+/// and NCCL's CollNet plugin (reduceSupport, iallreduce, test), so that a PyTorch backend, an MPI
+/// interposer or an NCCL plugin is a thin shim. docs/host.md is the guide.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "treeduce/aggregation/dtype.h"
+
+namespace treeduce::host {
+
+/// Outcome of a call. Values are the C API's tdr_result_t.
+enum class Result : int {
+  ok = 0,
+  in_progress = 1,       ///< test(): the operation has not finished yet
+  invalid_argument = 2,  ///< a bad argument; nothing was started
+  unavailable = 3,       ///< the manager or the network path cannot be reached, and no fallback
+  timeout = 4,           ///< the operation did not finish in the time allowed
+  refused = 5,           ///< the manager or a switch refused (the reason is in last_error())
+  failed = 6,            ///< a result failed its checks or the fallback failed
+  internal = 7,
+};
+const char* to_string(Result r) noexcept;
+
+/// Which path runs collectives.
+enum class Path : int {
+  auto_select = 0,  ///< in-network when the manager gives a tree, else host-side (default)
+  network = 1,      ///< in-network only: an error instead of a fallback
+  host = 2,         ///< host-side reduction only
+};
+
+/// What the manager tells a rank about its job's tree (control/api/manager.proto Assignment).
+struct TreeAssignment {
+  std::string leaf_address;  ///< "a.b.c.d:port" of the rank's leaf switch
+  std::uint16_t tree_id = 0;
+  std::uint64_t key = 0;
+  std::uint16_t child_index = 0;
+  std::uint32_t slots = 16;
+  std::uint32_t payload_bytes = 1024;
+  std::uint8_t dtype_mask = 0x3F;  ///< bit = DType the tree can reduce
+  std::uint8_t op_mask = 0x07;     ///< bit = ReduceOp
+  bool deterministic = false;
+  std::uint64_t lease_ms = 0;  ///< heartbeat at least this often (0: no manager)
+};
+
+/// How a communicator is made. from_environment() fills it from the launcher's variables.
+struct Options {
+  std::string job;         ///< job name, the same on every rank
+  std::uint32_t rank = 0;  ///< 0 .. world_size-1
+  std::uint32_t world_size = 1;
+  std::string manager;       ///< "host:port" of the Aggregation Manager; "" = none
+  std::string host;          ///< this host's name or data IPv4 address in the topology
+  std::string bind_address;  ///< local IPv4 for the UDP transport; "" = from `host` if IPv4
+  std::uint16_t port = 0;    ///< UDP port for RESULTs; 0 = 50000 + rank % 1000
+  std::uint32_t slots = 16;  ///< window asked of the manager
+  std::uint32_t payload_bytes = 1024;
+  bool deterministic = false;
+  Path path = Path::auto_select;
+  std::uint32_t join_timeout_ms = 30000;  ///< waiting for all ranks to join
+  std::uint32_t op_timeout_ms = 60000;    ///< one collective on the network path
+  /// Host-side reduction's rendezvous: a directory every rank can read and write (Gloo's
+  /// FileStore), and this rank's address for Gloo's TCP transport. "" = "/tmp/treeduce-gloo-<job>"
+  /// and bind_address.
+  std::string fallback_store;
+  std::string fallback_address;
+  /// A tree given directly (tests, static trees): no manager. Used when `manager` is empty and
+  /// `static_tree.leaf_address` is not.
+  TreeAssignment static_tree;
+};
+
+/// Reads TREEDUCE_MANAGER, TREEDUCE_JOB, TREEDUCE_RANK, TREEDUCE_WORLD_SIZE, TREEDUCE_HOST,
+/// TREEDUCE_BIND (bind_address), TREEDUCE_PORT, TREEDUCE_PATH (auto|network|host),
+/// TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, and the launchers'
+/// RANK/WORLD_SIZE (torchrun) and OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI) when
+/// treeduce's own are not set. Returns invalid_argument with the variable named in `*error`.
+Result options_from_environment(Options* out, std::string* error);
+
+/// Why the last collective (or creation) went the way it did, and what is counted.
+struct Stats {
+  std::uint64_t network_ops = 0;   ///< collectives reduced in the network
+  std::uint64_t fallback_ops = 0;  ///< collectives reduced on the hosts
+  std::uint64_t retransmits = 0;   ///< network path
+  std::uint64_t bytes = 0;         ///< payload bytes reduced, both paths
+  std::string fallback_reason;     ///< the last fallback's reason ("" = never fell back)
+};
+
+/// A pending non-blocking operation. test()/wait() on the communicator that made it.
+using Request = std::uint64_t;
+
+class Communicator {
+ public:
+  /// Joins the job (manager, or a static tree, or host-side only) and sets up the transport.
+  /// Blocks until every rank has joined or join_timeout_ms passed. On failure returns nullptr
+  /// with the reason in `*error` and the Result in `*result`.
+  static std::unique_ptr<Communicator> create(const Options& opt, Result* result,
+                                              std::string* error);
+  virtual ~Communicator() = default;  ///< leaves the job; outstanding operations are cancelled
+
+  /// True when (dtype, op) would be reduced in the network (NCCL CollNet's reduceSupport).
+  virtual bool offloads(DType dtype, ReduceOp op) const = 0;
+  /// The path collectives take now, and why if it is not the network.
+  virtual Path path() const = 0;
+  virtual std::string path_reason() const = 0;
+
+  /// Blocking allreduce of `count` elements; `send` may equal `recv` (in place).
+  virtual Result allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                           ReduceOp op) = 0;
+  /// Non-blocking: operations run in the order they were started. Buffers stay the caller's and
+  /// must not be touched until the request completes.
+  virtual Result iallreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                            ReduceOp op, Request* req) = 0;
+  /// ok when done (the request is then gone), in_progress, or the operation's error.
+  virtual Result test(Request req) = 0;
+  virtual Result wait(Request req) = 0;
+
+  /// Reduce to `root` (recv is written on root only), broadcast from `root`, barrier.
+  virtual Result reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                        std::uint32_t root) = 0;
+  virtual Result broadcast(void* buf, std::size_t count, DType dtype, std::uint32_t root) = 0;
+  virtual Result barrier() = 0;
+
+  virtual std::uint32_t rank() const = 0;
+  virtual std::uint32_t world_size() const = 0;
+  virtual Stats stats() const = 0;
+  /// The last error's sentence ("" after a success).
+  virtual std::string last_error() const = 0;
+};
+
+}  // namespace treeduce::host

@@ -1,0 +1,36 @@
+// Host-side reduction: what a Communicator runs when the network path is refused, unreachable,
+// not offloadable or switched off. Implemented with Gloo (gloo_reducer.cpp).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "treeduce/aggregation/dtype.h"
+
+namespace treeduce::host {
+
+class HostReducer {
+ public:
+  virtual ~HostReducer() = default;
+  /// Blocking allreduce among all ranks, with treeduce's numerics (docs/numerics.md): narrow
+  /// types are widened to binary32, reduced, and narrowed once; MIN/MAX are IEEE
+  /// minimum/maximum (NaN propagates, -0 < +0); i32 sums wrap. Returns "" or an error sentence.
+  virtual std::string allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                ReduceOp op) = 0;
+};
+
+struct HostReducerOptions {
+  std::string job;
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 1;
+  std::string store_dir;     ///< rendezvous directory shared by all ranks (Gloo FileStore)
+  std::string bind_address;  ///< IPv4 this rank's Gloo TCP transport listens on
+  std::uint32_t timeout_ms = 60000;
+};
+
+/// Connects all ranks (blocks until every rank has called it, or timeout). nullptr and a
+/// sentence in `*error` on failure.
+std::unique_ptr<HostReducer> make_gloo_reducer(const HostReducerOptions& opt, std::string* error);
+
+}  // namespace treeduce::host

@@ -1,0 +1,240 @@
+// The host library's JobService client: Join, a heartbeat thread, Leave (manager_client.h).
+//
+// Join's status codes become a Result the communicator can act on:
+//   OK                                      ok, with the assignment
+//   RESOURCE_EXHAUSTED, FAILED_PRECONDITION refused: the manager has no tree for the job
+//   NOT_FOUND                               refused: the host is not in the topology, so no switch
+//                                           can serve it; host-side reduction still can
+//   ABORTED                                 refused: the job ended while this rank waited
+//   INVALID_ARGUMENT, ALREADY_EXISTS        invalid_argument: the request itself is wrong (bad
+//                                           rank or sizes, a rank started twice); falling back
+//                                           would hide a launcher mistake
+//   UNAVAILABLE, DEADLINE_EXCEEDED, other   unavailable: no manager, a manager that is stopping,
+//                                           ranks that did not all come in time, or something
+//                                           that is not a manager at the address
+// refused and unavailable both let the communicator fall back; only the wording differs.
+//
+// Heartbeats: a manager that answers FAILED or REFUSED (a switch of the tree died, or a rank's
+// lease lapsed) or no longer knows the job makes the tree unusable. A manager that does not
+// answer at all does not: the switches keep forwarding without it, and a restarted manager
+// restores the job (docs/manager.md, "Persistence and restart"), so a job must not abandon a
+// working tree because the control plane blinked. That is logged once per outage.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "manager.grpc.pb.h"
+#include "manager_client.h"
+
+namespace treeduce::host {
+namespace {
+
+namespace pb = treeduce::control::v1;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint64_t kDefaultLeaseMs = 10000;
+constexpr auto kJoinMargin = std::chrono::seconds(5);
+constexpr auto kLeaveDeadline = std::chrono::seconds(2);
+
+std::string sentence(std::string s) {
+  if (s.empty()) return "no reason was given.";
+  if (s.back() != '.') s += '.';
+  return s;
+}
+
+Result join_result(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::OK:
+      return Result::ok;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::ABORTED:
+      return Result::refused;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return Result::invalid_argument;
+    default:
+      return Result::unavailable;
+  }
+}
+
+class GrpcManagerClient final : public ManagerClient {
+ public:
+  explicit GrpcManagerClient(const std::string& address) : address_(address) {
+    // A restarted manager must see this rank's heartbeats again well within its restore grace
+    // (15 s): gRPC's default reconnect backoff grows to 120 s.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    stub_ = pb::JobService::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+
+  ~GrpcManagerClient() override { stop_heartbeats(); }
+
+  JoinOutcome join(const JoinRequest& req) override {
+    stop_heartbeats();  // a second join replaces the first
+    pb::JoinRequest r;
+    r.set_job(req.job);
+    r.set_rank(req.rank);
+    r.set_world_size(req.world_size);
+    r.set_host(req.host);
+    r.set_port(req.port);
+    r.set_slots(req.slots);
+    r.set_payload_bytes(req.payload_bytes);
+    r.set_dtype_mask(req.dtype_mask);
+    r.set_op_mask(req.op_mask);
+    r.set_deterministic(req.deterministic);
+    r.set_wait_ms(req.wait_ms);
+    grpc::ClientContext ctx;
+    // The manager waits up to wait_ms for the other ranks; the margin covers the install.
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(req.wait_ms) +
+                     kJoinMargin);
+    pb::JoinReply rep;
+    const grpc::Status s = stub_->Join(&ctx, r, &rep);
+    job_ = req.job;
+    rank_ = req.rank;
+    joined_ = true;
+    JoinOutcome out;
+    out.result = join_result(s.error_code());
+    reached_ = s.error_code() != grpc::StatusCode::UNAVAILABLE;
+    if (!s.ok()) {
+      out.reason = out.result == Result::unavailable
+                       ? "The Aggregation Manager at " + address_ + " gave job '" + req.job +
+                             "' no tree: " + sentence(s.error_message())
+                       : sentence(s.error_message());
+      return out;
+    }
+    const pb::Assignment& a = rep.assignment();
+    out.tree.leaf_address = a.leaf_address();
+    out.tree.tree_id = std::uint16_t(a.tree_id());
+    out.tree.key = a.job_key();
+    out.tree.child_index = std::uint16_t(a.child_index());
+    out.tree.slots = a.slots();
+    out.tree.payload_bytes = a.payload_bytes();
+    out.tree.dtype_mask = std::uint8_t(a.dtype_mask());
+    out.tree.op_mask = std::uint8_t(a.op_mask());
+    out.tree.deterministic = a.deterministic();
+    out.tree.lease_ms = a.lease_ms() ? a.lease_ms() : kDefaultLeaseMs;
+    {
+      std::lock_guard lock(mu_);
+      usable_ = true;
+      reason_.clear();
+      lease_ms_ = out.tree.lease_ms;
+      stop_ = false;
+    }
+    heartbeats_ = std::thread([this] { heartbeat_loop(); });
+    return out;
+  }
+
+  bool tree_usable(std::string* reason) const override {
+    std::lock_guard lock(mu_);
+    if (!usable_ && reason) *reason = reason_;
+    return usable_;
+  }
+
+  void leave() override {
+    stop_heartbeats();
+    if (!joined_) return;
+    joined_ = false;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kLeaveDeadline);
+    pb::LeaveRequest r;
+    r.set_job(job_);
+    r.set_rank(rank_);
+    pb::LeaveReply rep;
+    const grpc::Status s = stub_->Leave(&ctx, r, &rep);
+    // Unknown job: the manager already dropped it. Never reached: nothing to tell it.
+    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND && reached_)
+      std::cerr << "treeduce: rank " << rank_ << " of job '" << job_
+                << "' could not leave at the Aggregation Manager at " << address_ << ": "
+                << sentence(s.error_message()) << "\n";
+  }
+
+ private:
+  void stop_heartbeats() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (heartbeats_.joinable()) heartbeats_.join();
+  }
+
+  void heartbeat_loop() {
+    auto last_answer = Clock::now();
+    bool logged_outage = false;
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      const auto interval = std::chrono::milliseconds(std::max<std::uint64_t>(lease_ms_ / 3, 1));
+      const std::uint64_t lease = lease_ms_;
+      if (cv_.wait_for(lock, interval, [this] { return stop_; })) break;
+      lock.unlock();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::clamp<std::chrono::milliseconds>(
+                           interval, std::chrono::milliseconds(100), std::chrono::seconds(2)));
+      pb::HeartbeatRequest r;
+      r.set_job(job_);
+      r.set_rank(rank_);
+      pb::HeartbeatReply rep;
+      const grpc::Status s = stub_->Heartbeat(&ctx, r, &rep);
+      lock.lock();
+      if (s.ok()) {
+        last_answer = Clock::now();
+        logged_outage = false;
+        if (rep.lease_ms()) lease_ms_ = rep.lease_ms();
+        if (usable_ &&
+            (rep.state() == pb::JOB_STATE_FAILED || rep.state() == pb::JOB_STATE_REFUSED)) {
+          usable_ = false;
+          reason_ = sentence(rep.reason().empty() ? "The Aggregation Manager says job '" + job_ +
+                                                        "' has no working tree any more."
+                                                  : rep.reason());
+        }
+      } else if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+        // The manager is up but has dropped the job (a lapsed lease): its tree is gone.
+        if (usable_) {
+          usable_ = false;
+          reason_ = "The Aggregation Manager no longer knows job '" + job_ +
+                    "': " + sentence(s.error_message());
+        }
+      } else if (!logged_outage && Clock::now() - last_answer > std::chrono::milliseconds(lease)) {
+        logged_outage = true;
+        std::cerr << "treeduce: the Aggregation Manager at " << address_
+                  << " has not answered job '" << job_ << "' rank " << rank_ << " for over "
+                  << lease << " ms (" << s.error_message()
+                  << "); the tree stays in use, as the switches work without the manager.\n";
+      }
+    }
+  }
+
+  const std::string address_;
+  std::unique_ptr<pb::JobService::Stub> stub_;
+  // Set by join(), read by leave() and the heartbeat thread (which join() starts after them).
+  std::string job_;
+  std::uint32_t rank_ = 0;
+  bool joined_ = false;
+  bool reached_ = false;   // the last join got past the transport
+  mutable std::mutex mu_;  // guards what follows
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool usable_ = true;
+  std::string reason_;
+  std::uint64_t lease_ms_ = kDefaultLeaseMs;
+  std::thread heartbeats_;
+};
+
+}  // namespace
+
+std::unique_ptr<ManagerClient> ManagerClient::make(const std::string& address) {
+  return std::make_unique<GrpcManagerClient>(address);
+}
+
+}  // namespace treeduce::host

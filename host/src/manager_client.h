@@ -1,0 +1,47 @@
+// The host library's client of the Aggregation Manager's JobService (control/api/manager.proto):
+// Join (blocking until every rank is in), heartbeats on a thread at the lease the manager gives,
+// Leave. The only gRPC in the host library.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "treeduce/host/communicator.h"
+
+namespace treeduce::host {
+
+struct JoinRequest {
+  std::string job;
+  std::uint32_t rank = 0, world_size = 1;
+  std::string host;  ///< topology host name or data IPv4
+  std::uint16_t port = 0;
+  std::uint32_t slots = 16, payload_bytes = 1024;
+  std::uint8_t dtype_mask = 0, op_mask = 0;  ///< 0 = any
+  bool deterministic = false;
+  std::uint32_t wait_ms = 30000;
+};
+
+/// What Join said: a tree (ok), or why not (refused: the manager has no tree for the job, the
+/// rank falls back; unavailable: no manager; invalid_argument: the request was wrong).
+struct JoinOutcome {
+  Result result = Result::internal;
+  TreeAssignment tree;  ///< when ok
+  std::string reason;   ///< when not ok: the manager's sentence (or the transport's)
+};
+
+class ManagerClient {
+ public:
+  /// Does not connect yet. `address` is "host:port".
+  static std::unique_ptr<ManagerClient> make(const std::string& address);
+  virtual ~ManagerClient() = default;  ///< stops heartbeats (does not Leave)
+  /// Blocks up to req.wait_ms (+ a margin). Starts heartbeats when it returns ok.
+  virtual JoinOutcome join(const JoinRequest& req) = 0;
+  /// The job's state from the last heartbeat: false once the manager said FAILED or REFUSED (a
+  /// switch of the tree died), with the reason; the communicator then falls back.
+  virtual bool tree_usable(std::string* reason) const = 0;
+  virtual void leave() = 0;
+};
+
+}  // namespace treeduce::host

@@ -1,0 +1,103 @@
+/* The C API from plain C: one allreduce through a one-rank static tree, and the error paths.
+ * Driven by test_communicator.cpp (CApi.AllreduceAndErrors), which runs the fake switch and
+ * passes its address. Returns 0, or a non-zero line number with a sentence in `message`. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "treeduce/treeduce.h"
+
+int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsigned short port,
+                        char* message, size_t message_len);
+
+#define CHECK(cond)                                                                             \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
+      snprintf(message, message_len, "test_c_api.c:%d: %s (last error: '%s')", __LINE__, #cond, \
+               tdr_last_error(comm));                                                           \
+      tdr_comm_destroy(comm);                                                                   \
+      return __LINE__;                                                                          \
+    }                                                                                           \
+  } while (0)
+
+int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsigned short port,
+                        char* message, size_t message_len) {
+  tdr_comm_t* comm = NULL;
+  tdr_options_t opt;
+  tdr_request_t req = 0;
+  tdr_stats_t stats;
+  int32_t in[300], out[300];
+  size_t i;
+
+  /* Errors without a communicator: NULL arguments, a bad rank. */
+  CHECK(tdr_comm_create(NULL, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strlen(tdr_last_error(NULL)) > 0);
+  CHECK(tdr_comm_create_from_env(NULL) == tdr_invalid_argument);
+  CHECK(tdr_allreduce(NULL, in, out, 1, tdr_i32, tdr_sum) == tdr_invalid_argument);
+  CHECK(tdr_barrier(NULL) == tdr_invalid_argument);
+  CHECK(tdr_wait(NULL, 1) == tdr_invalid_argument);
+  CHECK(tdr_get_stats(NULL, &stats) == tdr_invalid_argument);
+  CHECK(tdr_offloads(NULL, tdr_f32, tdr_sum) == 0);
+  CHECK(strcmp(tdr_result_string(tdr_timeout), "timeout") == 0);
+  CHECK(strcmp(tdr_result_string((tdr_result_t)99), "unknown") == 0);
+  tdr_options_init(&opt);
+  opt.path = (tdr_path_t)7;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strstr(tdr_last_error(NULL), "not a tdr_path_t") != NULL);
+  tdr_options_init(&opt);
+  opt.rank = 1;
+  opt.world_size = 1;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strstr(tdr_last_error(NULL), "world size") != NULL);
+
+  /* One rank on the fake switch's static tree. */
+  tdr_options_init(&opt);
+  opt.job = "c-api";
+  opt.bind_address = bind_address;
+  opt.port = port;
+  opt.path = tdr_path_network;
+  opt.static_leaf_address = leaf_address;
+  opt.static_tree_id = 7;
+  opt.static_key = 0x5eed1234abcd0001ull;
+  opt.static_slots = 8;
+  opt.static_payload_bytes = 256;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_ok && comm != NULL);
+  CHECK(tdr_path(comm) == tdr_path_network);
+  CHECK(strcmp(tdr_path_reason(comm), "") == 0);
+  CHECK(tdr_offloads(comm, tdr_bf16, tdr_max) == 1);
+  for (i = 0; i < 300; ++i) in[i] = (int32_t)(i * 7919) - 1000000;
+  memset(out, 0, sizeof out);
+  CHECK(tdr_allreduce(comm, in, out, 300, tdr_i32, tdr_sum) == tdr_ok);
+  CHECK(memcmp(in, out, sizeof in) == 0); /* one rank: the sum is the input */
+  memset(out, 0, sizeof out);
+  CHECK(tdr_iallreduce(comm, in, out, 300, tdr_i32, tdr_max, &req) == tdr_ok);
+  CHECK(tdr_wait(comm, req) == tdr_ok);
+  CHECK(memcmp(in, out, sizeof in) == 0);
+  CHECK(tdr_test(comm, req) == tdr_invalid_argument); /* the request is gone */
+  CHECK(strlen(tdr_last_error(comm)) > 0);
+  CHECK(tdr_broadcast(comm, in, 300, tdr_i32, 0) == tdr_ok);
+  CHECK(tdr_reduce(comm, in, out, 300, tdr_i32, tdr_min, 0) == tdr_ok);
+  CHECK(tdr_barrier(comm) == tdr_ok);
+  CHECK(strcmp(tdr_last_error(comm), "") == 0);
+
+  /* Errors with a communicator. */
+  CHECK(tdr_allreduce(comm, NULL, out, 1, tdr_i32, tdr_sum) == tdr_invalid_argument);
+  CHECK(strlen(tdr_last_error(comm)) > 0);
+  CHECK(tdr_allreduce(comm, in, out, 1, (tdr_dtype_t)42, tdr_sum) == tdr_invalid_argument);
+  CHECK(strstr(tdr_last_error(comm), "42 is not a tdr_dtype_t") != NULL);
+  /* 261 = 256 + tdr_i32: must not wrap into a valid type. */
+  CHECK(tdr_iallreduce(comm, in, out, 1, (tdr_dtype_t)261, tdr_sum, &req) == tdr_invalid_argument);
+  CHECK(tdr_reduce(comm, in, out, 1, tdr_i32, (tdr_op_t)3, 0) == tdr_invalid_argument);
+  CHECK(strstr(tdr_last_error(comm), "not a tdr_op_t") != NULL);
+  CHECK(tdr_offloads(comm, (tdr_dtype_t)261, tdr_sum) == 0);
+  CHECK(tdr_iallreduce(comm, in, out, 1, tdr_i32, tdr_sum, NULL) == tdr_invalid_argument);
+  CHECK(tdr_reduce(comm, in, out, 1, tdr_i32, tdr_sum, 5) == tdr_invalid_argument);
+  CHECK(tdr_get_stats(comm, NULL) == tdr_invalid_argument);
+
+  CHECK(tdr_barrier(comm) == tdr_ok);
+  CHECK(strcmp(tdr_last_error(comm), "") == 0); /* a success clears the last error */
+  CHECK(tdr_get_stats(comm, &stats) == tdr_ok);
+  CHECK(stats.network_ops == 6 && stats.fallback_ops == 0);
+  tdr_comm_destroy(comm);
+  return 0;
+}

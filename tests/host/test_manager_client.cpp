@@ -1,0 +1,236 @@
+// The host library's manager client against a real in-process manager (JobRegistry +
+// ManagerServer on 127.0.0.1:0) with switch agents backed by the dataplane core, on the fabric
+// of docs/manager.md: h0, h1 under leaf0; h2, h3 under leaf1; two spines.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "../control/fake_agent.h"
+#include "manager_client.h"
+
+using treeduce::ctl::GrpcSwitchClient;
+using treeduce::ctl::JobRegistry;
+using treeduce::ctl::load_topology_yaml;
+using treeduce::ctl::ManagerServer;
+using treeduce::ctl::RegistryOptions;
+using treeduce::ctl::Topology;
+using treeduce::ctl::testing::FakeSwitchAgent;
+using treeduce::host::JoinOutcome;
+using treeduce::host::JoinRequest;
+using treeduce::host::ManagerClient;
+using treeduce::host::Result;
+
+namespace {
+
+std::string doc_yaml() {
+  std::ifstream in(std::string(TREEDUCE_SOURCE_ROOT) + "/docs/manager.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  auto start = doc.find("```yaml\n");
+  auto end = doc.find("```\n", start + 8);
+  return doc.substr(start + 8, end - start - 8);
+}
+
+template <typename Pred>
+bool eventually(Pred p, int ms = 5000) {
+  for (int i = 0; i < ms / 10; ++i) {
+    if (p()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return p();
+}
+
+JoinRequest request(const std::string& job, std::uint32_t rank, std::uint32_t world,
+                    const std::string& host) {
+  JoinRequest r;
+  r.job = job;
+  r.rank = rank;
+  r.world_size = world;
+  r.host = host;
+  r.port = std::uint16_t(7000 + rank);
+  r.wait_ms = 5000;
+  return r;
+}
+
+struct ManagerClientTest : ::testing::Test {
+  std::string yaml = doc_yaml();
+  Topology topo;
+  GrpcSwitchClient switches{1000};
+  std::unique_ptr<JobRegistry> reg;
+  std::unique_ptr<ManagerServer> server;
+  std::map<std::string, std::unique_ptr<FakeSwitchAgent>> agents;
+  std::string addr;
+
+  // A manager with rank lease `lease_ms` (heartbeats every third of it) and a 400 ms switch
+  // lease, and an agent for every switch.
+  void start(std::uint64_t lease_ms = 600, std::uint32_t max_jobs = 16384) {
+    topo = *load_topology_yaml(yaml);
+    RegistryOptions o;
+    o.lease_ms = lease_ms;
+    o.switch_lease_ms = 400;
+    o.max_jobs = max_jobs;
+    reg = std::make_unique<JobRegistry>(topo, switches, o);
+    server = std::make_unique<ManagerServer>(*reg, "127.0.0.1:0", 25);
+    ASSERT_TRUE(server->ok());
+    addr = "127.0.0.1:" + std::to_string(server->port());
+    for (const auto& s : topo.switches) {
+      agents[s.name] = std::make_unique<FakeSwitchAgent>(s.name, s.data);
+      ASSERT_TRUE(agents[s.name]->register_with(addr, 50).ok());
+    }
+  }
+  void TearDown() override {
+    server.reset();
+    agents.clear();
+  }
+  std::size_t trees() {
+    std::size_t n = 0;
+    for (auto& [name, a] : agents) n += a->tree_count();
+    return n;
+  }
+
+  // Every rank of `hosts` joins `job` at once through its own client.
+  std::vector<JoinOutcome> join_all(const std::string& job, const std::vector<std::string>& hosts,
+                                    std::vector<std::unique_ptr<ManagerClient>>* clients) {
+    std::vector<JoinOutcome> out(hosts.size());
+    std::vector<std::thread> th;
+    for (std::size_t r = 0; r < hosts.size(); ++r) clients->push_back(ManagerClient::make(addr));
+    for (std::size_t r = 0; r < hosts.size(); ++r)
+      th.emplace_back([&, r] {
+        out[r] = (*clients)[r]->join(
+            request(job, std::uint32_t(r), std::uint32_t(hosts.size()), hosts[r]));
+      });
+    for (auto& t : th) t.join();
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_F(ManagerClientTest, TwoRanksGetConsistentAssignmentsAndLeaveRemovesTheTree) {
+  start();
+  std::vector<std::unique_ptr<ManagerClient>> c;
+  auto out = join_all("train", {"h0", "h1"}, &c);
+  for (const auto& o : out) ASSERT_EQ(o.result, Result::ok) << o.reason;
+  EXPECT_EQ(out[0].tree.tree_id, out[1].tree.tree_id);
+  EXPECT_EQ(out[0].tree.key, out[1].tree.key);
+  EXPECT_NE(out[0].tree.key, 0u);
+  EXPECT_EQ(out[0].tree.leaf_address, "10.0.0.1:4791");  // both under leaf0, the root
+  EXPECT_EQ(out[1].tree.leaf_address, "10.0.0.1:4791");
+  EXPECT_NE(out[0].tree.child_index, out[1].tree.child_index);
+  EXPECT_EQ(out[0].tree.slots, 16u);
+  EXPECT_EQ(out[0].tree.payload_bytes, 1024u);
+  EXPECT_EQ(out[0].tree.dtype_mask, 0x3F);
+  EXPECT_EQ(out[0].tree.op_mask, 0x07);
+  EXPECT_EQ(out[0].tree.lease_ms, 600u);
+  EXPECT_EQ(agents["leaf0"]->tree_count(), 1u);
+  // Heartbeats keep the job alive well past its 600 ms lease.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::string why;
+  EXPECT_TRUE(c[0]->tree_usable(&why)) << why;
+  EXPECT_EQ(trees(), 1u);
+  c[0]->leave();
+  EXPECT_EQ(trees(), 1u);  // the tree goes with the last rank
+  c[1]->leave();
+  EXPECT_TRUE(eventually([&] { return trees() == 0; }));
+  EXPECT_TRUE(reg->jobs().empty());
+}
+
+TEST_F(ManagerClientTest, ATreeAcrossLeavesGivesEachRankItsOwnLeaf) {
+  start();
+  std::vector<std::unique_ptr<ManagerClient>> c;
+  auto out = join_all("wide", {"h0", "h1", "h2", "h3"}, &c);
+  for (const auto& o : out) ASSERT_EQ(o.result, Result::ok) << o.reason;
+  for (const auto& o : out) EXPECT_EQ(o.tree.tree_id, out[0].tree.tree_id);
+  EXPECT_EQ(out[1].tree.leaf_address, "10.0.0.1:4791");
+  EXPECT_EQ(out[2].tree.leaf_address, "10.0.0.2:4791");
+  for (auto& x : c) x->leave();
+  EXPECT_TRUE(eventually([&] { return trees() == 0; }));
+}
+
+TEST_F(ManagerClientTest, MissingCapabilityIsRefusedWithTheManagersSentence) {
+  // leaf0 becomes an integer-only (Tofino-like) switch.
+  yaml.replace(yaml.find("profile: small-q2"), 17, "profile: tofino");
+  start();
+  std::vector<std::unique_ptr<ManagerClient>> c;
+  c.push_back(ManagerClient::make(addr));
+  JoinRequest r = request("floats", 0, 1, "h0");
+  r.dtype_mask = 1u << unsigned(treeduce::DType::f32);
+  JoinOutcome o = c[0]->join(r);
+  EXPECT_EQ(o.result, Result::refused);
+  EXPECT_NE(o.reason.find("leaf0"), std::string::npos) << o.reason;
+  EXPECT_EQ(o.reason.back(), '.');
+  c[0]->leave();
+  EXPECT_TRUE(reg->jobs().empty());
+}
+
+TEST_F(ManagerClientTest, TooManyJobsIsRefused) {
+  start(600, 1);
+  std::vector<std::unique_ptr<ManagerClient>> c;
+  ASSERT_EQ(join_all("first", {"h0"}, &c)[0].result, Result::ok);
+  auto second = ManagerClient::make(addr);
+  JoinOutcome o = second->join(request("second", 0, 1, "h2"));
+  EXPECT_EQ(o.result, Result::refused);
+  EXPECT_EQ(o.reason, "The manager already tracks 1 jobs; try again later.");
+  c[0]->leave();
+}
+
+TEST_F(ManagerClientTest, BadRequestsAreInvalidArgumentsAndUnknownHostsAreRefused) {
+  start();
+  auto c = ManagerClient::make(addr);
+  JoinOutcome o = c->join(request("bad", 3, 2, "h0"));
+  EXPECT_EQ(o.result, Result::invalid_argument);
+  EXPECT_EQ(o.reason, "Rank 3 does not exist in job 'bad' of world size 2.");
+  o = c->join(request("bad", 0, 1, "nowhere"));
+  EXPECT_EQ(o.result, Result::refused);
+  EXPECT_NE(o.reason.find("not in the topology"), std::string::npos) << o.reason;
+}
+
+TEST_F(ManagerClientTest, NoManagerIsUnavailableWithinTheDeadline) {
+  auto c = ManagerClient::make("127.0.0.1:1");
+  JoinRequest r = request("lonely", 0, 1, "h0");
+  r.wait_ms = 1000;
+  const auto t0 = std::chrono::steady_clock::now();
+  JoinOutcome o = c->join(r);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(6500));
+  EXPECT_EQ(o.result, Result::unavailable);
+  EXPECT_NE(o.reason.find("127.0.0.1:1"), std::string::npos) << o.reason;
+  c->leave();  // nothing to tell a manager that was never reached; must not block or throw
+}
+
+TEST_F(ManagerClientTest, ADeadSwitchMakesTheTreeUnusableWithAReason) {
+  start(300);
+  std::vector<std::unique_ptr<ManagerClient>> c;
+  auto out = join_all("train", {"h0", "h1"}, &c);
+  for (const auto& o : out) ASSERT_EQ(o.result, Result::ok) << o.reason;
+  agents["leaf0"]->stop();  // heartbeats stop; the switch lease is 400 ms
+  std::string why;
+  ASSERT_TRUE(eventually([&] { return !c[0]->tree_usable(&why); }));
+  EXPECT_NE(why.find("leaf0"), std::string::npos) << why;
+  std::string why1;
+  EXPECT_TRUE(eventually([&] { return !c[1]->tree_usable(&why1); }));
+  for (auto& x : c) x->leave();
+}
+
+TEST_F(ManagerClientTest, AnUnreachableManagerLeavesTheTreeInUseAndIsLoggedOnce) {
+  start(300);
+  std::vector<std::unique_ptr<ManagerClient>> c;
+  auto out = join_all("train", {"h0", "h1"}, &c);
+  for (const auto& o : out) ASSERT_EQ(o.result, Result::ok) << o.reason;
+  ::testing::internal::CaptureStderr();
+  server.reset();  // the manager goes away; the switches keep the tree
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // five leases
+  std::string why;
+  EXPECT_TRUE(c[0]->tree_usable(&why)) << why;
+  EXPECT_TRUE(c[1]->tree_usable(&why)) << why;
+  c.clear();  // stops heartbeats before the log is read
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string line = "has not answered job 'train' rank 0";
+  const auto first = log.find(line);
+  EXPECT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find(line, first + 1), std::string::npos) << log;
+  EXPECT_EQ(agents["leaf0"]->tree_count(), 1u);
+}
