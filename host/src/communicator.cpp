@@ -429,6 +429,7 @@ class CommunicatorImpl final : public Communicator {
 
   // Runs one operation on the path it should take. Progress thread only.
   Result execute(const Op& o, std::string* err) {
+    ++op_index_;
     Path p;
     {
       std::lock_guard lk(mu_);
@@ -595,6 +596,26 @@ class CommunicatorImpl final : public Communicator {
       *err = host_error_;
       return Result::failed;
     }
+    // Every rank runs the same sequence of operations, but a switch that dies mid-collective can
+    // leave one rank with the result of operation k and another without: the first falls back at
+    // k+1, the second at k, and their host-side operations would pair k+1 with k. So each host
+    // operation first checks, with a 2-element allreduce, that all ranks are at the same one; a
+    // mismatch is an error on every rank, never a wrong result. Costs one small Gloo collective
+    // per host-side operation (docs/host.md, "Failures").
+    const auto idx = static_cast<std::int32_t>(op_index_ & 0x3FFFFFFF);
+    std::int32_t at[2] = {idx, -idx};
+    if (std::string e = host_->allreduce(at, at, 2, DType::i32, ReduceOp::max); !e.empty()) {
+      *err = "Host-side reduction failed: " + as_phrase(e) + ".";
+      return Result::failed;
+    }
+    if (at[0] != -at[1]) {
+      *err =
+          "The ranks disagree on which collective the network path failed at (this rank is at "
+          "operation " +
+          std::to_string(idx) + ", another at " + std::to_string(at[0] == idx ? -at[1] : at[0]) +
+          "): the job cannot go on safely; restart it.";
+      return Result::failed;
+    }
     if (std::string e = host_->allreduce(send, o.recv, o.count, o.dtype, o.op); !e.empty()) {
       *err = "Host-side reduction failed: " + as_phrase(e) + ".";
       return Result::failed;
@@ -615,6 +636,7 @@ class CommunicatorImpl final : public Communicator {
   std::unique_ptr<HostReducer> host_;
   std::string host_error_;
   bool engine_broken_ = false;
+  std::uint64_t op_index_ = 0;       // operations executed: the same sequence on every rank
   std::uint32_t warned_ = 0;         // (dtype, op) pairs already warned about, one bit each
   std::vector<std::uint8_t> saved_;  // in-place input kept for a fallback; reused
   std::array<OutPacket, kMaxBatch> out_{};
