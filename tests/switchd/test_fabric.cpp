@@ -15,6 +15,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,9 +35,12 @@ namespace pb = treeduce::control::v1;
 
 struct Options {
   FabricOptions fabric{TREEDUCE_SWITCH_BIN, ""};
-  /// Trees from a treeduce-manager process (the test joins the job for the four ranks) instead of
-  /// static trees in the switches' configuration.
+  /// Trees from a treeduce-manager process (the test joins the job for the four ranks, or the
+  /// ranks' libtreeduce does) instead of static trees in the switches' configuration.
   bool manager = false;
+  /// The ranks are treeduce-perf on libtreeduce, which join through the manager themselves over
+  /// a management network (implies manager).
+  bool library = false;
   std::string dtypes = "f32,f16,bf16,e4m3,e5m2,i32";
   std::string ops = "sum,min,max";
   std::string counts = "1,255,256,1000,20000";
@@ -77,6 +81,7 @@ class TestFabric {
       ADD_FAILURE() << e;
       return false;
     }
+    if (opt_.library) return true;
     if (opt_.manager) return join("fabric-test");
     for (int h = 0; h < Fabric::kHosts; ++h) {
       ranks_.push_back({Fabric::leaf_address(h), 1, kStaticKey, static_cast<std::uint32_t>(h % 2),
@@ -125,6 +130,18 @@ class TestFabric {
                         a.payload_bytes()});
     }
     return true;
+  }
+
+  /// Starts treeduce-perf (libtreeduce) on the four hosts with `args`.
+  std::vector<Proc*> start_perf(const std::string& job, const std::vector<std::string>& args) {
+    std::vector<Proc*> ranks;
+    for (int h = 0; h < Fabric::kHosts; ++h) {
+      std::vector<std::string> argv = fab_.rank_env(h, job);
+      argv.push_back(TREEDUCE_PERF_BIN);
+      argv.insert(argv.end(), args.begin(), args.end());
+      ranks.push_back(&lab_.spawn("perf" + std::to_string(h), fab_.host_netns(h), argv));
+    }
+    return ranks;
   }
 
   /// Every rank leaves `job`; the manager then removes the tree from every switch.
@@ -234,7 +251,8 @@ class TestFabric {
 
   static FabricOptions with_manager(const Options& o) {
     FabricOptions f = o.fabric;
-    if (o.manager) f.manager_bin = TREEDUCE_MANAGER_BIN;
+    if (o.manager || o.library) f.manager_bin = TREEDUCE_MANAGER_BIN;
+    f.management_network = o.library;
     return f;
   }
 
@@ -394,6 +412,69 @@ TEST(Fabric, ManagerInstallsAndRemovesTheTree) {
     EXPECT_EQ(counter(m, "treeduce_switch_events_total", "event=\"result_multicast\""), c);
     EXPECT_EQ(counter(m, "treeduce_switch_events_total", "event=\"contrib_accepted\""), 2 * c);
   }
+}
+
+/// What a treeduce-perf rank said of itself at the end: failed operations and wrong elements
+/// (-1, -1 when the line is missing).
+std::pair<int, long long> perf_account(const std::string& log) {
+  const std::regex line(R"(rank \d+: (\d+) failed operations, (\d+) wrong elements)");
+  std::smatch m;
+  if (!std::regex_search(log, m, line)) return {-1, -1};
+  return {std::stoi(m[1]), std::stoll(m[2])};
+}
+
+// The host library end to end: four treeduce-perf ranks join through the manager (over the
+// management network), the manager installs the tree, and every dtype x op is reduced in the
+// network and checked element by element.
+TEST(Fabric, LibraryRanksReduceInTheNetwork) {
+  Options o;
+  o.library = true;
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  auto ranks = f.start_perf(
+      "lib", {"-b", "1024", "-e", "65536", "-f", "64", "-d", "f32,f16,bf16,e4m3,e5m2,i32", "-o",
+              "sum,min,max", "-n", "2", "-w", "0"});
+  for (Proc* p : ranks) {
+    ASSERT_TRUE(f.lab().wait(*p, std::chrono::seconds(120))) << Lab::read_log(*p);
+    const std::string log = Lab::read_log(*p);
+    EXPECT_EQ(p->status, 0) << log;
+    EXPECT_EQ(perf_account(log), std::make_pair(0, 0LL)) << log;
+    EXPECT_EQ(log.find("falls back"), std::string::npos) << log;
+  }
+  EXPECT_NE(Lab::read_log(*ranks[0]).find("# verified: 0 wrong elements, 108 ops in the network, 0 "
+                                          "on the hosts"),
+            std::string::npos)
+      << Lab::read_log(*ranks[0]);
+}
+
+// The spine is killed in the middle of a run: every rank ends within a bounded time, having
+// fallen back to host-side reduction (said out loud) or, when the ranks lost the switch at
+// different collectives, with an error; never with a wrong element, never hanging.
+TEST(Fabric, SwitchKilledMidJobFallsBackOrFailsNeverWrong) {
+  Options o;
+  o.library = true;
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  auto ranks = f.start_perf(
+      "kill", {"-b", "262144", "-e", "262144", "-d", "f32", "-o", "sum", "-n", "400", "-w", "1"});
+  // Let the job get going on the network path, then kill the root of the tree.
+  ASSERT_TRUE(f.lab().wait_log(*ranks[0], "# treeduce-perf", std::chrono::seconds(60)))
+      << Lab::read_log(*ranks[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kill(f.switch_proc(2).pid, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  int fell_back = 0;
+  for (Proc* p : ranks) {
+    ASSERT_TRUE(f.lab().wait(*p, std::chrono::seconds(120))) << "rank hangs:\n"
+                                                             << Lab::read_log(*p);
+    const std::string log = Lab::read_log(*p);
+    const auto [failed, wrong] = perf_account(log);
+    EXPECT_EQ(wrong, 0) << log;
+    EXPECT_GE(failed, 0) << log;
+    if (log.find("falls back to host-side reduction") != std::string::npos) ++fell_back;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(90));
+  EXPECT_EQ(fell_back, Fabric::kHosts);  // every rank said so
 }
 
 }  // namespace

@@ -53,7 +53,20 @@ std::string Fabric::topology_yaml() {
 }
 
 std::string Fabric::manager_address() const {
-  return manager_ == nullptr ? "" : "127.0.0.1:" + std::to_string(manager_port_);
+  return manager_ == nullptr ? "" : manager_ip_ + ":" + std::to_string(manager_port_);
+}
+
+std::vector<std::string> Fabric::rank_env(int h, const std::string& job) const {
+  return {"env",
+          "TREEDUCE_MANAGER=" + manager_address(),
+          "TREEDUCE_JOB=" + job,
+          "TREEDUCE_RANK=" + std::to_string(h),
+          "TREEDUCE_WORLD_SIZE=" + std::to_string(kHosts),
+          "TREEDUCE_HOST=" + host_ip(h),
+          "TREEDUCE_BIND=" + host_ip(h),
+          "TREEDUCE_PORT=" + std::to_string(kHostPort),
+          "TREEDUCE_FALLBACK_STORE=" + lab_.dir() + "/gloo-" + job,
+          "TREEDUCE_FALLBACK_ADDRESS=" + host_mgmt_ip(h)};
 }
 
 std::string Fabric::final_stats(std::size_t i) const {
@@ -70,11 +83,25 @@ std::string Fabric::up() {
       return "cannot address host " + std::to_string(h) + ".";
     }
   }
+  if (opt_.management_network) {
+    const std::string br = lab_.prefix() + "mb";
+    manager_ip_ = "198.18.255.1";
+    if (!lab_.bridge(br, manager_ip_ + "/24")) return "cannot create the management bridge.";
+    for (int h = 0; h < kHosts; ++h) {
+      const std::string end = lab_.prefix() + "m" + std::to_string(h);
+      if (!lab_.veth(hosts_[static_cast<std::size_t>(h)], "mgmt0", "", end) ||
+          !lab_.attach(end, br) ||
+          lab_.in(hosts_[static_cast<std::size_t>(h)],
+                  "ip addr add " + host_mgmt_ip(h) + "/24 dev mgmt0") != 0) {
+        return "cannot attach host " + std::to_string(h) + " to the management network.";
+      }
+    }
+  }
   if (!opt_.manager_bin.empty()) {
     const std::string topo = lab_.write("topology.yaml", topology_yaml());
     const std::string port_file = lab_.dir() + "/manager.port";
     manager_ = &lab_.spawn("manager", "",
-                           {opt_.manager_bin, "-t", topo, "-l", "127.0.0.1:0", "--port-file",
+                           {opt_.manager_bin, "-t", topo, "-l", manager_ip_ + ":0", "--port-file",
                             port_file, "--lease-ms", "5000", "--switch-lease-ms", "5000"});
     if (!lab_.wait_log(*manager_, "listening on port", std::chrono::seconds(20))) {
       return "the manager did not start:\n" + Lab::read_log(*manager_);

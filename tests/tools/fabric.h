@@ -29,6 +29,11 @@ struct FabricOptions {
   int lcores = 1;
   /// idle_sleep_us of the switches: they share the machine with the hosts.
   int idle_sleep_us = 200;
+  /// A management network: a bridge in this namespace (198.18.255.1/24, RFC 2544's benchmarking
+  /// range) with every host on it (198.18.255.10+h) through a second veth pair, so that the
+  /// hosts' libtreeduce reaches the manager and host-side reduction has a network. The manager
+  /// then listens on the bridge's address.
+  bool management_network = false;
 };
 
 /// Tree 1 of the static configuration.
@@ -50,14 +55,20 @@ class Fabric {
   std::vector<int> stop();
 
   static std::string host_ip(int h) { return "10.1." + std::to_string(h) + ".1"; }
+  /// Host h's address on the management network.
+  static std::string host_mgmt_ip(int h) { return "198.18.255." + std::to_string(10 + h); }
   static std::string leaf_address(int h) {
     return "10.0.0." + std::to_string(h / 2 + 1) + ":47110";
   }
   /// The topology the manager knows (docs/manager.md format): hosts h0..h3.
   static std::string topology_yaml();
   const std::string& host_netns(int h) const { return hosts_.at(static_cast<std::size_t>(h)); }
-  /// "127.0.0.1:port" of the manager ("" without one).
+  /// "address:port" of the manager ("" without one): 127.0.0.1, or the management bridge's.
   std::string manager_address() const;
+  /// `env VAR=... ` for host h's rank of `job` under libtreeduce: the manager, the rank, its data
+  /// address and port, the host-side fallback's store and management address. Put the program
+  /// and its arguments after it and spawn it in host_netns(h).
+  std::vector<std::string> rank_env(int h, const std::string& job) const;
   /// leaf0, leaf1, spine.
   const std::vector<Proc*>& switches() const { return switches_; }
   /// Where switch i writes its final counters (Prometheus text) when it stops.
@@ -73,6 +84,7 @@ class Fabric {
   std::vector<std::string> hosts_;
   std::vector<Proc*> switches_;
   Proc* manager_ = nullptr;
+  std::string manager_ip_ = "127.0.0.1";
   int manager_port_ = 0;
 };
 

@@ -58,6 +58,7 @@ Lab::~Lab() {
     sh("ip netns pids " + *it + " 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del " + *it +
        " 2>/dev/null");
   }
+  for (const std::string& b : bridges_) sh("ip link del " + b + " 2>/dev/null");
   for (Proc* p : procs_) delete p;
   // Logs stay when the test asks for it (debugging a failure); the namespaces never do.
   if (std::getenv("TREEDUCE_KEEP_LAB") == nullptr && dir_ != "/tmp") {
@@ -105,6 +106,19 @@ bool Lab::veth(const std::string& ns_a, const std::string& a, const std::string&
     }
   }
   return true;
+}
+
+bool Lab::bridge(const std::string& name, const std::string& cidr) {
+  if (sh("ip link add name " + name + " type bridge") != 0) {
+    std::fprintf(stderr, "lab: cannot create bridge %s\n", name.c_str());
+    return false;
+  }
+  bridges_.push_back(name);
+  return sh("ip addr add " + cidr + " dev " + name) == 0 && sh("ip link set " + name + " up") == 0;
+}
+
+bool Lab::attach(const std::string& dev, const std::string& br) {
+  return sh("ip link set " + dev + " master " + br) == 0;
 }
 
 int Lab::in(const std::string& ns, const std::string& cmd) {

@@ -42,6 +42,11 @@ class Lab {
   /// namespace goes when that namespace is deleted, and takes its peer with it.
   bool veth(const std::string& ns_a, const std::string& a, const std::string& ns_b,
             const std::string& b);
+  /// A bridge `name` in this process's namespace with address `cidr` ("a.b.c.d/p"), up; removed
+  /// with the lab. False with the failing command logged.
+  bool bridge(const std::string& name, const std::string& cidr);
+  /// Puts interface `dev` of this process's namespace on bridge `br`.
+  bool attach(const std::string& dev, const std::string& br);
   /// Runs `cmd` inside namespace `ns` (ip netns exec); returns its exit status.
   int in(const std::string& ns, const std::string& cmd);
 
@@ -63,6 +68,7 @@ class Lab {
   std::string prefix_;
   std::string dir_;
   std::vector<std::string> namespaces_;
+  std::vector<std::string> bridges_;  ///< in this namespace: not removed with the namespaces
   std::vector<Proc*> procs_;
 };
 
