@@ -41,6 +41,7 @@ struct Options {
   /// The ranks are treeduce-perf on libtreeduce, which join through the manager themselves over
   /// a management network (implies manager).
   bool library = false;
+  bool manager_db = false;
   std::string dtypes = "f32,f16,bf16,e4m3,e5m2,i32";
   std::string ops = "sum,min,max";
   std::string counts = "1,255,256,1000,20000";
@@ -161,6 +162,7 @@ class TestFabric {
 
   std::uint32_t tree_id() const { return ranks_.at(0).tree; }
   Proc& switch_proc(std::size_t i) { return *fab_.switches().at(i); }
+  Fabric& fabric() { return fab_; }
 
   /// Runs the four ranks to completion; true when every one passed. `cases` gets the number of
   /// cases each rank ran.
@@ -253,6 +255,7 @@ class TestFabric {
     FabricOptions f = o.fabric;
     if (o.manager || o.library) f.manager_bin = TREEDUCE_MANAGER_BIN;
     f.management_network = o.library;
+    f.manager_db = o.manager_db;
     return f;
   }
 
@@ -475,6 +478,32 @@ TEST(Fabric, SwitchKilledMidJobFallsBackOrFailsNeverWrong) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(90));
   EXPECT_EQ(fell_back, Fabric::kHosts);  // every rank said so
+}
+
+// The manager is killed in the middle of a run and restarted from its database: the switches keep
+// their trees, the ranks keep reducing in the network (their heartbeats fail for a while, which
+// is logged, not a reason to fall back), and every element is right.
+TEST(Fabric, ManagerRestartMidJobKeepsTheJobInTheNetwork) {
+  Options o;
+  o.library = true;
+  o.manager_db = true;
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  auto ranks = f.start_perf("restart", {"-b", "262144", "-e", "262144", "-d", "f32", "-o", "sum",
+                                        "-n", "400", "-w", "1"});
+  ASSERT_TRUE(f.lab().wait_log(*ranks[0], "# treeduce-perf", std::chrono::seconds(60)))
+      << Lab::read_log(*ranks[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(f.fabric().restart_manager(), "");
+  for (Proc* p : ranks) {
+    ASSERT_TRUE(f.lab().wait(*p, std::chrono::seconds(120))) << Lab::read_log(*p);
+    const std::string log = Lab::read_log(*p);
+    EXPECT_EQ(p->status, 0) << log;
+    EXPECT_EQ(perf_account(log), std::make_pair(0, 0LL)) << log;
+    EXPECT_EQ(log.find("falls back"), std::string::npos) << log;
+  }
+  EXPECT_NE(Lab::read_log(*ranks[0]).find(", 0 on the hosts"), std::string::npos)
+      << Lab::read_log(*ranks[0]);
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "fabric.h"
 
+#include <signal.h>
+
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -98,15 +101,7 @@ std::string Fabric::up() {
     }
   }
   if (!opt_.manager_bin.empty()) {
-    const std::string topo = lab_.write("topology.yaml", topology_yaml());
-    const std::string port_file = lab_.dir() + "/manager.port";
-    manager_ = &lab_.spawn("manager", "",
-                           {opt_.manager_bin, "-t", topo, "-l", manager_ip_ + ":0", "--port-file",
-                            port_file, "--lease-ms", "5000", "--switch-lease-ms", "5000"});
-    if (!lab_.wait_log(*manager_, "listening on port", std::chrono::seconds(20))) {
-      return "the manager did not start:\n" + Lab::read_log(*manager_);
-    }
-    std::ifstream(port_file) >> manager_port_;
+    if (std::string e = start_manager(manager_ip_ + ":0"); !e.empty()) return e;
   }
   const bool static_trees = manager_ == nullptr;
   const std::string d = lab_.dir();
@@ -154,6 +149,40 @@ std::string Fabric::up() {
     }
   }
   return "";
+}
+
+std::string Fabric::start_manager(const std::string& listen) {
+  const std::string topo = lab_.write("topology.yaml", topology_yaml());
+  const std::string port_file = lab_.dir() + "/manager.port";
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = {opt_.manager_bin,
+                                   "-t",
+                                   topo,
+                                   "-l",
+                                   listen,
+                                   "--port-file",
+                                   port_file,
+                                   "--lease-ms",
+                                   "5000",
+                                   "--switch-lease-ms",
+                                   "5000"};
+  if (opt_.manager_db) {
+    argv.push_back("--db");
+    argv.push_back(lab_.dir() + "/manager.db");
+  }
+  manager_ = &lab_.spawn("manager", "", argv);
+  if (!lab_.wait_log(*manager_, "listening on port", std::chrono::seconds(20))) {
+    return "the manager did not start:\n" + Lab::read_log(*manager_);
+  }
+  std::ifstream(port_file) >> manager_port_;
+  return "";
+}
+
+std::string Fabric::restart_manager() {
+  if (manager_ == nullptr) return "there is no manager.";
+  kill(manager_->pid, SIGKILL);
+  lab_.wait(*manager_, std::chrono::seconds(5));
+  return start_manager(manager_address());
 }
 
 Proc& Fabric::start_switch(const std::string& name, const std::string& cfg,

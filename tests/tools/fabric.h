@@ -34,6 +34,8 @@ struct FabricOptions {
   /// hosts' libtreeduce reaches the manager and host-side reduction has a network. The manager
   /// then listens on the bridge's address.
   bool management_network = false;
+  /// The manager keeps its state in a SQLite file (--db), so that restart_manager() restores it.
+  bool manager_db = false;
 };
 
 /// Tree 1 of the static configuration.
@@ -53,6 +55,8 @@ class Fabric {
   /// Stops the switches (SIGTERM) and the manager; the switches' exit statuses, in switches()
   /// order. Their final counters are in final_stats(i).
   std::vector<int> stop();
+  /// Kills the manager (SIGKILL) and starts it again on the same address; "" or what went wrong.
+  std::string restart_manager();
 
   static std::string host_ip(int h) { return "10.1." + std::to_string(h) + ".1"; }
   /// Host h's address on the management network.
@@ -77,6 +81,7 @@ class Fabric {
  private:
   Proc& start_switch(const std::string& name, const std::string& cfg,
                      const std::vector<std::string>& vdevs);
+  std::string start_manager(const std::string& listen);
   std::string port_if(int h) const { return lab_.prefix() + "p" + std::to_string(h); }
 
   Lab& lab_;
