@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../support/test_support.h"
 #include "fake_agent.h"
 
 using namespace treeduce::ctl;
@@ -20,24 +21,8 @@ namespace pb = treeduce::control::v1;
 
 namespace {
 
-std::string doc_yaml() {
-  std::ifstream in(std::string(TREEDUCE_SOURCE_ROOT) + "/docs/manager.md");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string doc = ss.str();
-  auto start = doc.find("```yaml\n");
-  auto end = doc.find("```\n", start + 8);
-  return doc.substr(start + 8, end - start - 8);
-}
-
-template <typename Pred>
-bool eventually(Pred p, int ms = 3000) {
-  for (int i = 0; i < ms / 10; ++i) {
-    if (p()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return p();
-}
+using treeduce::test_support::eventually;
+std::string doc_yaml() { return treeduce::test_support::doc_yaml("manager.md"); }
 
 pb::JoinRequest join_req(const std::string& job, std::uint32_t rank, std::uint32_t world,
                          const std::string& host, std::uint32_t wait_ms = 5000) {

@@ -5,23 +5,14 @@
 #include <sstream>
 #include <string>
 
+#include "../support/test_support.h"
 #include "treeduce/control/topology.h"
 
 using namespace treeduce::ctl;
 
 namespace {
 
-// The first ```yaml block of docs/manager.md: the documented example is the tested one.
-std::string doc_example() {
-  std::ifstream in(std::string(TREEDUCE_SOURCE_ROOT) + "/docs/manager.md");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string doc = ss.str();
-  auto start = doc.find("```yaml\n");
-  auto end = doc.find("```\n", start + 8);
-  if (start == std::string::npos || end == std::string::npos) return {};
-  return doc.substr(start + 8, end - start - 8);
-}
+std::string doc_example() { return treeduce::test_support::doc_yaml("manager.md"); }
 
 // Expects a refusal whose sentence starts with "line N:" and mentions `what`.
 void expect_error(const std::string& yaml, int line, const std::string& what) {

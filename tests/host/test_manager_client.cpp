@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "../control/fake_agent.h"
+#include "../support/test_support.h"
 #include "manager_client.h"
 
 using treeduce::ctl::GrpcSwitchClient;
@@ -25,24 +26,8 @@ using treeduce::host::Result;
 
 namespace {
 
-std::string doc_yaml() {
-  std::ifstream in(std::string(TREEDUCE_SOURCE_ROOT) + "/docs/manager.md");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string doc = ss.str();
-  auto start = doc.find("```yaml\n");
-  auto end = doc.find("```\n", start + 8);
-  return doc.substr(start + 8, end - start - 8);
-}
-
-template <typename Pred>
-bool eventually(Pred p, int ms = 5000) {
-  for (int i = 0; i < ms / 10; ++i) {
-    if (p()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return p();
-}
+using treeduce::test_support::eventually;
+std::string doc_yaml() { return treeduce::test_support::doc_yaml("manager.md"); }
 
 JoinRequest request(const std::string& job, std::uint32_t rank, std::uint32_t world,
                     const std::string& host) {

@@ -10,23 +10,14 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "../support/test_support.h"
 
 using namespace treeduce;
 using namespace treeduce::switchd;
 
 namespace {
 
-// The first ```yaml block of docs/switch-config.md: the documented example is the tested one.
-std::string doc_example() {
-  std::ifstream in(std::string(TREEDUCE_SOURCE_ROOT) + "/docs/switch-config.md");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string doc = ss.str();
-  auto start = doc.find("```yaml\n");
-  auto end = doc.find("```\n", start + 8);
-  if (start == std::string::npos || end == std::string::npos) return {};
-  return doc.substr(start + 8, end - start - 8);
-}
+std::string doc_example() { return treeduce::test_support::doc_yaml("switch-config.md"); }
 
 // `text` with its one occurrence of `from` replaced by `to`.
 std::string replaced(std::string text, const std::string& from, const std::string& to) {
