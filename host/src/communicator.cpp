@@ -93,6 +93,7 @@ struct Op {
   DType dtype = DType::f32;
   ReduceOp op = ReduceOp::sum;
   bool done = false;
+  bool claimed = false;  // a thread is blocked in wait() on it: nobody else may complete it
   Result result = Result::ok;
   std::string error;
 };
@@ -383,18 +384,24 @@ class CommunicatorImpl final : public Communicator {
   Result complete(Request req, bool block) {
     std::unique_lock lk(mu_);
     const auto it = ops_.find(req);
-    if (it == ops_.end()) {
-      last_error_ = "Request " + std::to_string(req) +
-                    " is not pending (it was never started, or has completed already).";
+    if (it == ops_.end() || it->second.claimed) {
+      last_error_ =
+          "Request " + std::to_string(req) +
+          (it == ops_.end() ? " is not pending (it was never started, or has completed already)."
+                            : " is being waited for by another thread.");
       return Result::invalid_argument;
     }
-    if (!it->second.done) {
+    // The element, not the iterator: ops_ may rehash while we wait (another thread starts an
+    // operation), which invalidates iterators but not references.
+    Op& o = it->second;
+    if (!o.done) {
       if (!block) return Result::in_progress;
-      done_cv_.wait(lk, [&] { return it->second.done; });
+      o.claimed = true;
+      done_cv_.wait(lk, [&] { return o.done; });
     }
-    const Result r = it->second.result;
-    last_error_ = it->second.error;
-    ops_.erase(it);
+    const Result r = o.result;
+    last_error_ = o.error;
+    ops_.erase(req);
     return r;
   }
 
@@ -418,7 +425,15 @@ class CommunicatorImpl final : public Communicator {
       queue_.pop_front();
       lk.unlock();
       std::string err;
-      const Result r = execute(*o, &err);
+      Result r = Result::internal;
+      try {
+        r = execute(*o, &err);
+      } catch (const std::exception& e) {
+        // Out of memory for an in-place copy, or a library throwing: the operation fails, the
+        // process lives. The engine may be mid-collective: never send into it again.
+        err = std::string("Internal error: ") + e.what() + ".";
+        engine_broken_ = engine_broken_ || (engine_ && engine_->status() == Status::running);
+      }
       lk.lock();
       o->result = r;
       o->error = r == Result::ok ? std::string() : err;
@@ -548,8 +563,9 @@ class CommunicatorImpl final : public Communicator {
       case Status::done:
         return Result::ok;
       case Status::timeout:
-        *why = "the leaf switch " + tree_.leaf_address + " stopped answering (a chunk got no " +
-               "result after " + std::to_string(kMaxRetries) + " retransmissions, about 3.2 s)";
+        *why = "the network stopped answering (leaf switch " + tree_.leaf_address +
+               " or a switch above it: a chunk got no result after " + std::to_string(kMaxRetries) +
+               " retransmissions, about 3.2 s)";
         return Result::timeout;
       case Status::refused:
         *why = "a switch refused the operation (NACK " +

@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
           exact::store(d, send.data(), i, in.element(rank, i));
           if (check) exact::store(d, want.data(), i, in.expected(i));
         }
+        const host::Stats before = comm->stats();
         Result r = Result::ok;
         for (int i = 0; i < warmup && r == Result::ok; ++i) {
           r = comm->allreduce(send.data(), recv.data(), count, d, op);
@@ -137,6 +138,14 @@ int main(int argc, char** argv) {
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
                 .count() /
             iters;
+        // The path this row took, from the counters (the path now may differ after a fallback).
+        const host::Stats after = comm->stats();
+        const bool on_net = after.network_ops != before.network_ops;
+        const bool on_host = after.fallback_ops != before.fallback_ops;
+        const char* path = r != Result::ok     ? "FAILED"
+                           : on_net && on_host ? "mixed"
+                           : on_host           ? "host"
+                                               : "network";
         std::int32_t wrong = 0;
         if (r != Result::ok) {
           std::fprintf(stderr, "treeduce-perf: rank %u: %s %s %zu: %s: %s\n", rank, name(d).data(),
@@ -155,8 +164,6 @@ int main(int argc, char** argv) {
         }
         total_wrong += static_cast<std::uint64_t>(all_wrong);
         const host::Stats st = comm->stats();
-        const char* path =
-            comm->offloads(d, op) && comm->path() == host::Path::network ? "network" : "host";
         const double algbw = static_cast<double>(nbytes) / (us * 1e3);
         if (!lead) continue;
         if (json) {
