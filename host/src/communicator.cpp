@@ -306,7 +306,7 @@ class CommunicatorImpl final : public Communicator {
   }
 
   std::uint16_t port() const {
-    return opt_.port != 0 ? opt_.port : static_cast<std::uint16_t>(50000 + opt_.rank % 1000);
+    return opt_.port != 0 ? opt_.port : static_cast<std::uint16_t>(29000 + opt_.rank % 1000);
   }
 
   // tree_ does not change once init() is done: no lock needed.

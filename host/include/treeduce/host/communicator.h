@@ -59,7 +59,8 @@ struct Options {
   std::string manager;       ///< "host:port" of the Aggregation Manager; "" = none
   std::string host;          ///< this host's name or data IPv4 address in the topology
   std::string bind_address;  ///< local IPv4 for the UDP transport; "" = from `host` if IPv4
-  std::uint16_t port = 0;    ///< UDP port for RESULTs; 0 = 50000 + rank % 1000
+  std::uint16_t port = 0;    ///< UDP port for RESULTs; 0 = 29000 + rank % 1000 (below the
+                             ///< kernel's ephemeral range, so no outgoing socket holds it)
   std::uint32_t slots = 16;  ///< window asked of the manager
   std::uint32_t payload_bytes = 1024;
   bool deterministic = false;
