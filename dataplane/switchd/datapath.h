@@ -36,7 +36,8 @@ class Switch final : public TreeControl {
   Switch& operator=(const Switch&) = delete;
 
   /// Runs the workers on their lcores (this thread's lcore included when it is one of them) and
-  /// the neighbour thread until g_stop; then drains TX and stops the ports.
+  /// the neighbour thread until g_stop; then drains TX (the ports stop when the switch is
+  /// destroyed, after the final counters are read).
   void run();
 
   int install(const dp::TreeConfig& t, const std::string& job, std::string* why) override;
