@@ -44,7 +44,10 @@ void reap_stale_namespaces() {
 
 Lab::Lab(const std::string& tag) {
   reap_stale_namespaces();
-  prefix_ = "td" + std::to_string(getpid()) + tag;
+  // A counter too: a namespace's deletion frees its veth peers asynchronously, so the next lab of
+  // the same process must not reuse the names of this one's interfaces.
+  static int labs = 0;
+  prefix_ = "td" + std::to_string(getpid()) + tag + std::to_string(labs++ % 100);
   char tmpl[] = "/tmp/treeduce-lab-XXXXXX";
   const char* d = mkdtemp(tmpl);
   dir_ = d != nullptr ? d : "/tmp";
