@@ -255,6 +255,8 @@ class TestFabric {
     FabricOptions f = o.fabric;
     if (o.manager || o.library) f.manager_bin = TREEDUCE_MANAGER_BIN;
     f.management_network = o.library;
+    // The test joins for refhost ranks, which do not heartbeat: the tree must outlive a slow run.
+    if (o.manager && !o.library) f.rank_lease_ms = 300000;
     f.manager_db = o.manager_db;
     return f;
   }

@@ -163,7 +163,7 @@ std::string Fabric::start_manager(const std::string& listen) {
                                    "--port-file",
                                    port_file,
                                    "--lease-ms",
-                                   "5000",
+                                   std::to_string(opt_.rank_lease_ms),
                                    "--switch-lease-ms",
                                    "5000"};
   if (opt_.manager_db) {

@@ -36,6 +36,8 @@ struct FabricOptions {
   bool management_network = false;
   /// The manager keeps its state in a SQLite file (--db), so that restart_manager() restores it.
   bool manager_db = false;
+  /// The manager's rank lease: a job whose ranks stop heartbeating loses its tree after it.
+  std::uint32_t rank_lease_ms = 5000;
 };
 
 /// Tree 1 of the static configuration.
