@@ -18,6 +18,8 @@ TREEDUCE_PACKAGES=(
   libdpdk-dev dpdk-dev libcpp-httplib-dev libpcap-dev iproute2 iputils-ping
   # the host library: host-side reduction when the network path is not available
   libgloo-dev
+  # the host library's ibverbs transport (rdma-core)
+  libibverbs-dev
 )
 
 treeduce_install_deps() {

@@ -19,6 +19,12 @@
 #include <vector>
 
 #include "host_reducer.h"
+#ifdef TREEDUCE_HAVE_DPDK
+#include "dpdk_transport.h"
+#endif
+#ifdef TREEDUCE_HAVE_VERBS
+#include "verbs_transport.h"
+#endif
 #include "manager_client.h"
 #include "treeduce/host/protocol_engine.h"
 #include "udp_transport.h"
@@ -72,6 +78,11 @@ bool is_ipv4(const std::string& s) {
 
 // A variable of the UDP transport's tuning (docs/host.md, "Environment"): not in Options
 // because only this transport has it.
+std::string env_str(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
 std::uint32_t env_u32(const char* name, std::uint32_t fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -348,20 +359,62 @@ class CommunicatorImpl final : public Communicator {
       *why = "a tree holds at most 65535 ranks, not " + std::to_string(opt_.world_size);
       return Result::invalid_argument;
     }
-    UdpTransportOptions u;
-    u.bind_address = !opt_.bind_address.empty() ? opt_.bind_address
-                     : is_ipv4(opt_.host)       ? opt_.host
-                                                : "0.0.0.0";
-    u.port = port();
-    u.leaf_address = t.leaf_address;
-    u.payload_bytes = t.payload_bytes;
-    u.send_ports = env_u32("TREEDUCE_UDP_SEND_PORTS", 1);
-    u.gso = env_u32("TREEDUCE_UDP_GSO", 0) != 0;
-    u.gro = env_u32("TREEDUCE_UDP_GRO", 1) != 0;
+    const std::string bind = !opt_.bind_address.empty() ? opt_.bind_address
+                             : is_ipv4(opt_.host)       ? opt_.host
+                                                        : "0.0.0.0";
     std::string err;
-    transport_ = make_udp_transport(u, &err);
+    const char* kind = std::getenv("TREEDUCE_TRANSPORT");
+    const std::string transport = kind != nullptr && *kind != '\0' ? kind : "udp";
+    if (transport == "udp") {
+      UdpTransportOptions u;
+      u.bind_address = bind;
+      u.port = port();
+      u.leaf_address = t.leaf_address;
+      u.payload_bytes = t.payload_bytes;
+      u.send_ports = env_u32("TREEDUCE_UDP_SEND_PORTS", 1);
+      u.gso = env_u32("TREEDUCE_UDP_GSO", 0) != 0;
+      u.gro = env_u32("TREEDUCE_UDP_GRO", 1) != 0;
+      transport_ = make_udp_transport(u, &err);
+#ifdef TREEDUCE_HAVE_VERBS
+    } else if (transport == "verbs") {
+      // Raw Ethernet frames on an RDMA NIC: no ARP, so both MACs come from the environment.
+      VerbsTransportOptions v;
+      v.device = env_str("TREEDUCE_VERBS_DEVICE");
+      v.port_num = static_cast<std::uint8_t>(env_u32("TREEDUCE_VERBS_PORT", 1));
+      v.local_address = bind;
+      v.port = port();
+      v.local_mac = env_str("TREEDUCE_LOCAL_MAC");
+      v.leaf_address = t.leaf_address;
+      v.leaf_mac = env_str("TREEDUCE_LEAF_MAC");
+      v.payload_bytes = t.payload_bytes;
+      transport_ = make_verbs_transport(v, &err);
+#endif
+#ifdef TREEDUCE_HAVE_DPDK
+    } else if (transport == "dpdk") {
+      // The process initialises the EAL with the port probed (docs/host.md): a traffic generator
+      // or benchmark that links libtreeduce owns its DPDK set-up. No ARP: both MACs are given.
+      DpdkTransportOptions d;
+      d.port_name = env_str("TREEDUCE_DPDK_PORT");
+      d.local_address = bind;
+      d.local_port = port();
+      d.local_mac = env_str("TREEDUCE_LOCAL_MAC");
+      d.leaf_address = t.leaf_address;
+      d.leaf_mac = env_str("TREEDUCE_LEAF_MAC");
+      d.payload_bytes = t.payload_bytes;
+      transport_ = make_dpdk_transport(d, &err);
+#endif
+    } else {
+      err = "TREEDUCE_TRANSPORT is \"" + transport + "\"; this build knows udp" +
+#ifdef TREEDUCE_HAVE_DPDK
+            ", dpdk" +
+#endif
+#ifdef TREEDUCE_HAVE_VERBS
+            ", verbs" +
+#endif
+            std::string(" (dpdk and verbs are built when DPDK and rdma-core are found)");
+    }
     if (!transport_) {
-      *why = "the UDP transport could not start: " + as_phrase(err);
+      *why = "the " + transport + " transport could not start: " + as_phrase(err);
       return Result::unavailable;
     }
     EngineConfig ec;

@@ -6,8 +6,8 @@
 // a DPDK transport (its own Ethernet/IPv4/UDP headers with dp::write_l2_l4, rte_eth_tx_burst of
 // a header mbuf chained to an external-buffer mbuf over the caller's payload, rx bursts polled
 // with receive(timeout 0)), or an ibverbs transport (UD QP or RoCEv2 framing; post_send of
-// scatter-gather lists that are these same iovec pairs, completions read in receive()). Neither
-// exists yet; docs/host.md, "Transports".
+// scatter-gather lists that are these same iovec pairs, completions read in receive()): see
+// dpdk_transport.h and verbs_transport.h; docs/host.md, "Transports".
 #pragma once
 
 #include <cstddef>

@@ -526,6 +526,33 @@ TEST(Communicator, NotOffloadableFallsBackPerCall) {
 }
 
 // TREEDUCE_PATH=host: every collective on the hosts, nothing sent to the switch.
+// TREEDUCE_TRANSPORT picks the transport; an unknown one, or ibverbs with no RDMA device (this
+// machine has none), is a sentence on the network path, never a crash.
+TEST(Communicator, TransportIsChosenByTheEnvironment) {
+  FakeSwitch sw({.world = 1});
+  Result r = Result::ok;
+  std::string error;
+  setenv("TREEDUCE_TRANSPORT", "carrier-pigeon", 1);
+  EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr);
+  EXPECT_EQ(r, Result::unavailable);
+  EXPECT_NE(error.find("TREEDUCE_TRANSPORT is \"carrier-pigeon\"; this build knows udp"),
+            std::string::npos)
+      << error;
+#ifdef TREEDUCE_TEST_VERBS
+  setenv("TREEDUCE_TRANSPORT", "verbs", 1);
+  error.clear();
+  EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr);
+  EXPECT_NE(error.find("verbs transport could not start"), std::string::npos) << error;
+#endif
+  setenv("TREEDUCE_TRANSPORT", "udp", 1);
+  auto comm = make(sw.options(0, "transport", Path::network));
+  unsetenv("TREEDUCE_TRANSPORT");
+  ASSERT_NE(comm, nullptr);
+  float x = 2;
+  EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), Result::ok);
+  EXPECT_EQ(x, 2.0f);
+}
+
 TEST(Communicator, EnvironmentForcesHostPath) {
   constexpr std::uint32_t kWorld = 2;
   FakeSwitch sw({.world = kWorld});

@@ -1,0 +1,319 @@
+#include "dpdk_transport.h"
+
+#include <arpa/inet.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_ether.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+#include <rte_pause.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "treeduce/dataplane/wire.h"
+
+namespace treeduce::host {
+namespace {
+
+// Ethernet + IPv4 + UDP in front of the treeduce header.
+constexpr std::size_t kL2L4Bytes = sizeof(dp::EtherHdr) + sizeof(dp::Ipv4Hdr) + sizeof(dp::UdpHdr);
+// IPv4 + UDP + treeduce: what the MTU must hold besides the payload.
+constexpr std::size_t kL3Overhead = sizeof(dp::Ipv4Hdr) + sizeof(dp::UdpHdr) + sizeof(dp::TdHdr);
+// A full TX ring gets this long to drain before the rest of the batch counts as lost (as a full
+// socket buffer does in the UDP transport): the progress thread never blocks on a stuck port.
+constexpr auto kTxDrainBound = std::chrono::milliseconds(100);
+constexpr std::uint16_t kRxBurst = 32;
+
+std::atomic<unsigned> g_pool_serial{0};
+
+bool parse_mac(const std::string& s, std::uint8_t out[6]) {
+  rte_ether_addr a;
+  if (rte_ether_unformat_addr(s.c_str(), &a) != 0) return false;
+  std::memcpy(out, a.addr_bytes, 6);
+  return true;
+}
+
+std::string rc_sentence(const std::string& what, int rc) {
+  return what + " (" + rte_strerror(rc < 0 ? -rc : rc) + ").";
+}
+
+class DpdkTransport final : public Transport {
+ public:
+  static constexpr std::size_t kBatch = 64;
+
+  ~DpdkTransport() override {
+    if (started_) {
+      // Free what is still queued for us (on a loopback PMD that includes our own TX mbufs) before
+      // the pools go away.
+      std::array<rte_mbuf*, kRxBurst> m{};
+      for (int rounds = 0; rounds < 1 << 16; ++rounds) {
+        const std::uint16_t n = rte_eth_rx_burst(port_, 0, m.data(), kRxBurst);
+        if (n == 0) break;
+        rte_pktmbuf_free_bulk(m.data(), n);
+      }
+      rte_eth_tx_done_cleanup(port_, 0, 0);  // TX mbufs the PMD still holds (where it can)
+      rte_eth_dev_stop(port_);
+    }
+    rte_mempool_free(tx_pool_);
+    rte_mempool_free(rx_pool_);
+  }
+
+  std::string open(const DpdkTransportOptions& opt) {
+    if (rte_eth_dev_get_port_by_name(opt.port_name.c_str(), &port_) != 0) {
+      return "There is no DPDK port '" + opt.port_name +
+             "' (the process must initialise the EAL with it first, e.g. --vdev=net_memif0,...).";
+    }
+    in_addr a{};
+    if (inet_pton(AF_INET, opt.local_address.c_str(), &a) != 1) {
+      return "The local address '" + opt.local_address + "' is not an IPv4 address.";
+    }
+    if (opt.local_port == 0) return "The local UDP port must not be 0.";
+    self_.ip = ntohl(a.s_addr);
+    self_.port = opt.local_port;
+    if (!parse_ipv4_endpoint(opt.leaf_address, &leaf_.ip, &leaf_.port)) {
+      return "The leaf switch address '" + opt.leaf_address + "' is not a.b.c.d:port.";
+    }
+    if (opt.leaf_mac.empty()) {
+      return "The DPDK transport needs the leaf switch's MAC address (it does no ARP).";
+    }
+    if (!parse_mac(opt.leaf_mac, leaf_.mac)) {
+      return "The leaf switch MAC '" + opt.leaf_mac + "' is not aa:bb:cc:dd:ee:ff.";
+    }
+    if (!opt.local_mac.empty() && !parse_mac(opt.local_mac, self_.mac)) {
+      return "The local MAC '" + opt.local_mac + "' is not aa:bb:cc:dd:ee:ff.";
+    }
+    if (opt.payload_bytes == 0 || opt.payload_bytes > dp::kMaxPayloadBytes) {
+      return "The payload size must be from 1 to " + std::to_string(dp::kMaxPayloadBytes) +
+             " bytes, not " + std::to_string(opt.payload_bytes) + ".";
+    }
+    payload_bytes_ = opt.payload_bytes;
+    datagram_bytes_ = sizeof(dp::TdHdr) + opt.payload_bytes;
+
+    rte_eth_dev_info info;
+    if (int rc = rte_eth_dev_info_get(port_, &info); rc != 0) {
+      return rc_sentence("Cannot read the device info of DPDK port '" + opt.port_name + "'", rc);
+    }
+    // One mbuf holds a whole frame of the largest payload (plus CRC room), so neither side chains.
+    const std::size_t frame_room = std::max<std::size_t>(
+        RTE_MBUF_DEFAULT_DATAROOM, kL2L4Bytes + datagram_bytes_ + RTE_ETHER_CRC_LEN);
+    const auto room = static_cast<std::uint16_t>(RTE_PKTMBUF_HEADROOM + frame_room);
+    const int socket =
+        rte_eth_dev_socket_id(port_) < 0 ? SOCKET_ID_ANY : rte_eth_dev_socket_id(port_);
+    const std::string serial = std::to_string(g_pool_serial.fetch_add(1));
+    // Pool names are global to the EAL: a serial keeps successive transports apart.
+    // A per-lcore cache of at most an eighth of the pool (the mempool wants n >= 1.5 x cache).
+    const unsigned cache = std::min(256u, opt.mbufs / 8);
+    tx_pool_ =
+        rte_pktmbuf_pool_create(("tdh_tx" + serial).c_str(), opt.mbufs, cache, 0, room, socket);
+    rx_pool_ =
+        rte_pktmbuf_pool_create(("tdh_rx" + serial).c_str(), opt.mbufs, cache, 0, room, socket);
+    if (tx_pool_ == nullptr || rx_pool_ == nullptr) {
+      return rc_sentence("Cannot create the DPDK transport's mbuf pools of " +
+                             std::to_string(opt.mbufs) + " mbufs",
+                         rte_errno);
+    }
+
+    // The MTU: the port's own, raised to what the payload size needs.
+    std::uint16_t mtu = RTE_ETHER_MTU;
+    if (rte_eth_dev_get_mtu(port_, &mtu) != 0) mtu = RTE_ETHER_MTU;
+    const std::size_t need = kL3Overhead + opt.payload_bytes;
+    if (need > mtu) mtu = static_cast<std::uint16_t>(need);
+    rte_eth_conf conf{};
+    conf.rxmode.mtu = mtu;
+    if (int rc = rte_eth_dev_configure(port_, 1, 1, &conf); rc != 0) {
+      return rc_sentence("DPDK port '" + opt.port_name +
+                             "' refused one RX and one TX queue with MTU " + std::to_string(mtu),
+                         rc);
+    }
+    std::uint16_t rxd = opt.rx_desc, txd = opt.tx_desc;
+    rte_eth_dev_adjust_nb_rx_tx_desc(port_, &rxd, &txd);
+    if (int rc =
+            rte_eth_rx_queue_setup(port_, 0, rxd, static_cast<unsigned>(socket), nullptr, rx_pool_);
+        rc != 0) {
+      return rc_sentence("RX queue set-up failed on DPDK port '" + opt.port_name + "'", rc);
+    }
+    rte_eth_txconf txc = info.default_txconf;
+    txc.offloads = 0;
+    if (int rc = rte_eth_tx_queue_setup(port_, 0, txd, static_cast<unsigned>(socket), &txc);
+        rc != 0) {
+      return rc_sentence("TX queue set-up failed on DPDK port '" + opt.port_name + "'", rc);
+    }
+    rte_ether_addr mac;
+    if (opt.local_mac.empty()) {
+      if (int rc = rte_eth_macaddr_get(port_, &mac); rc != 0) {
+        return rc_sentence("Cannot read the MAC of DPDK port '" + opt.port_name + "'", rc);
+      }
+      std::memcpy(self_.mac, mac.addr_bytes, 6);
+    } else {
+      std::memcpy(mac.addr_bytes, self_.mac, 6);
+      // A PMD that cannot take another MAC still receives it in promiscuous mode.
+      if (rte_eth_dev_default_mac_addr_set(port_, &mac) != 0) rte_eth_promiscuous_enable(port_);
+    }
+    if (int rc = rte_eth_dev_start(port_); rc != 0) {
+      return rc_sentence("DPDK port '" + opt.port_name + "' did not start", rc);
+    }
+    started_ = true;
+    rx_buf_.resize(kBatch * datagram_bytes_);
+    scratch_.resize(dp::kMaxFrameBytes);
+    return {};
+  }
+
+  std::size_t batch() const noexcept override { return kBatch; }
+  const TransportStats& stats() const noexcept override { return stats_; }
+
+  void wake() noexcept override { wake_.store(true, std::memory_order_release); }
+
+  std::string send(const OutPacket* p, std::size_t n) override {
+    // More than batch() breaks the contract; it is sent all the same, a batch at a time.
+    for (std::size_t i = 0; i < n; i += kBatch) {
+      if (std::string err = send_batch(p + i, std::min(kBatch, n - i)); !err.empty()) return err;
+    }
+    return {};
+  }
+
+  std::span<const RxDatagram> receive(std::uint64_t timeout_ns, std::string* /*error*/) override {
+    std::size_t n = poll();
+    if (n != 0 || timeout_ns == 0) return {rx_out_.data(), n};
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::nanoseconds(std::min<std::uint64_t>(timeout_ns, std::uint64_t{1} << 62));
+    for (;;) {
+      if (wake_.exchange(false, std::memory_order_acq_rel)) return {};
+      n = poll();
+      if (n != 0) return {rx_out_.data(), n};
+      if (std::chrono::steady_clock::now() >= deadline) return {};
+      rte_pause();
+    }
+  }
+
+ private:
+  std::string send_batch(const OutPacket* p, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (p[i].payload_len > payload_bytes_) {
+        return "A " + std::to_string(sizeof(dp::TdHdr) + p[i].payload_len) +
+               "-byte datagram exceeds the DPDK transport's " + std::to_string(datagram_bytes_) +
+               " bytes; use a smaller payload size.";
+      }
+    }
+    if (n == 0) return {};
+    std::array<rte_mbuf*, kBatch> m{};
+    if (rte_pktmbuf_alloc_bulk(tx_pool_, m.data(), static_cast<unsigned>(n)) != 0) {
+      // Every mbuf is still in a TX ring: count the batch lost, the engine retransmits.
+      stats_.send_errors += n;
+      return {};
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      // One mbuf per frame and the payload copied: simple and correct. A header mbuf chained to
+      // an external-buffer mbuf (rte_pktmbuf_attach_extbuf) over the caller's payload would save
+      // the copy, at the price of a completion callback that tells the engine when the payload
+      // is free again, and of PMDs that take multi-segment frames.
+      const std::size_t dgram = sizeof(dp::TdHdr) + p[i].payload_len;
+      auto* f = reinterpret_cast<std::uint8_t*>(
+          rte_pktmbuf_append(m[i], static_cast<std::uint16_t>(kL2L4Bytes + dgram)));
+      dp::write_l2_l4(f, self_, leaf_, dgram);
+      dp::store_header(f + kL2L4Bytes, p[i].td);
+      if (p[i].payload_len != 0) {
+        std::memcpy(f + kL2L4Bytes + sizeof(dp::TdHdr), p[i].payload, p[i].payload_len);
+      }
+    }
+    std::size_t done = 0;
+    auto deadline = std::chrono::steady_clock::time_point::max();
+    while (done < n) {
+      const std::uint16_t k =
+          rte_eth_tx_burst(port_, 0, &m[done], static_cast<std::uint16_t>(n - done));
+      done += k;
+      stats_.sent += k;
+      if (done == n) break;
+      if (k != 0) {
+        deadline = std::chrono::steady_clock::time_point::max();
+        continue;
+      }
+      // The ring is full: wait for room, within a bound (the clock is read only when stuck).
+      const auto now = std::chrono::steady_clock::now();
+      if (deadline == std::chrono::steady_clock::time_point::max()) deadline = now + kTxDrainBound;
+      if (now >= deadline) {
+        rte_pktmbuf_free_bulk(&m[done], static_cast<unsigned>(n - done));
+        stats_.send_errors += n - done;
+        break;
+      }
+      rte_pause();
+    }
+    return {};
+  }
+
+  // One pass over the RX queue: up to kBatch datagrams for us, copied out of their mbufs, which
+  // are freed at once.
+  std::size_t poll() {
+    std::size_t out = 0;
+    std::array<rte_mbuf*, kRxBurst> m{};
+    while (out < kBatch) {
+      const auto want = static_cast<std::uint16_t>(std::min<std::size_t>(kRxBurst, kBatch - out));
+      const std::uint16_t k = rte_eth_rx_burst(port_, 0, m.data(), want);
+      for (std::uint16_t i = 0; i < k; ++i) {
+        if (take(m[i], out)) ++out;
+      }
+      if (k != 0) rte_pktmbuf_free_bulk(m.data(), k);
+      if (k < want) break;
+    }
+    return out;
+  }
+
+  // Parse one frame; when it is a datagram from the leaf switch, copy it into slot `out`.
+  bool take(const rte_mbuf* mb, std::size_t out) {
+    const std::uint32_t len = rte_pktmbuf_pkt_len(mb);
+    const std::uint8_t* frame;
+    if (mb->nb_segs == 1) {
+      frame = rte_pktmbuf_mtod(mb, const std::uint8_t*);
+    } else if (len <= scratch_.size()) {
+      frame = static_cast<const std::uint8_t*>(rte_pktmbuf_read(mb, 0, len, scratch_.data()));
+    } else {
+      ++stats_.foreign;
+      return false;
+    }
+    dp::Parsed ps;
+    if (frame == nullptr ||
+        dp::parse_frame(frame, len, self_.ip, self_.port, &ps) != dp::ParseError::ok ||
+        ps.src_ip != leaf_.ip || ps.src_port != leaf_.port || ps.payload_len > payload_bytes_) {
+      ++stats_.foreign;
+      return false;
+    }
+    std::uint8_t* d = rx_buf_.data() + out * datagram_bytes_;
+    dp::store_header(d, ps.td);
+    std::memcpy(d + sizeof(dp::TdHdr), ps.payload, ps.payload_len);
+    rx_out_[out] = {d, sizeof(dp::TdHdr) + ps.payload_len};
+    ++stats_.received;
+    return true;
+  }
+
+  std::uint16_t port_ = 0;
+  bool started_ = false;
+  dp::Endpoint self_, leaf_;
+  std::uint32_t payload_bytes_ = 0;
+  std::size_t datagram_bytes_ = 0;
+  rte_mempool* tx_pool_ = nullptr;
+  rte_mempool* rx_pool_ = nullptr;
+  std::atomic<bool> wake_{false};
+  TransportStats stats_;
+  std::vector<std::uint8_t> rx_buf_;   // kBatch datagrams of datagram_bytes_
+  std::vector<std::uint8_t> scratch_;  // a chained frame, made contiguous
+  std::array<RxDatagram, kBatch> rx_out_{};
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_dpdk_transport(const DpdkTransportOptions& opt,
+                                               std::string* error) {
+  auto t = std::make_unique<DpdkTransport>();
+  if (std::string err = t->open(opt); !err.empty()) {
+    *error = err;
+    return nullptr;
+  }
+  return t;
+}
+
+}  // namespace treeduce::host

@@ -1,0 +1,55 @@
+// The host library's DPDK transport (docs/host.md, "Transports"): the Transport interface of
+// udp_transport.h over one DPDK ethdev port, for traffic generators and benchmarks that want the
+// host side out of the kernel.
+//
+// The process initialises the EAL once, before creating a transport, with the port it will use
+// probed, e.g. `rte_eal_init` with `--no-huge -m 512 --no-pci --file-prefix=... --vdev=net_memif0,
+// role=client,socket=/run/td/memif.sock`; the transport never calls rte_eal_init or
+// rte_eal_cleanup. It then owns the port exclusively while it lives: it configures one RX and one
+// TX queue, creates its own mbuf pools, starts the port, and on destruction drains and stops the
+// port (it does not close it) and frees its pools.
+//
+// There is no ARP and no routing here: the leaf switch's MAC is given, every frame goes to it,
+// and frames come back to the local MAC (the port's own unless given). Only IPv4 without options,
+// UDP, and the treeduce header: dp::write_l2_l4 builds the headers (DF set, IPv4 checksum, UDP
+// checksum 0) and dp::parse_frame checks what arrives.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "udp_transport.h"
+
+namespace treeduce::host {
+
+struct DpdkTransportOptions {
+  /// The ethdev name as the EAL probed it ("net_memif0", "0000:3b:00.0", ...).
+  std::string port_name;
+  /// Local IPv4 address and UDP port: RESULTs come to local_address:local_port, and CONTRIBs are
+  /// sent from it.
+  std::string local_address;
+  std::uint16_t local_port = 0;
+  /// Local MAC "aa:bb:cc:dd:ee:ff"; empty: the port's own. A MAC other than the port's is set on
+  /// the port as its default, or, if the PMD refuses, the port goes promiscuous.
+  std::string local_mac;
+  /// "a.b.c.d:port" of the leaf switch; only frames from this address and port are received.
+  std::string leaf_address;
+  /// The leaf switch's MAC; required (this transport does no ARP).
+  std::string leaf_mac;
+  /// Largest payload send() takes and receive() accepts (a longer datagram counts as foreign).
+  std::uint32_t payload_bytes = 1024;
+  /// Descriptors per queue (adjusted to what the PMD supports) and mbufs per pool (the TX pool
+  /// and the RX pool each; a PMD that fills its RX ring from the pool needs more than rx_desc).
+  std::uint16_t rx_desc = 1024;
+  std::uint16_t tx_desc = 1024;
+  std::uint32_t mbufs = 4095;
+};
+
+/// The DPDK transport: one RX and one TX queue on one port, polled by the one progress thread that
+/// drives it (send/receive/stats are not thread-safe; wake() may be called from any thread).
+/// nullptr and a sentence in `*error` on failure (no such port, a bad address, the port refusing
+/// its configuration, no memory for the pools).
+std::unique_ptr<Transport> make_dpdk_transport(const DpdkTransportOptions& opt, std::string* error);
+
+}  // namespace treeduce::host

@@ -1,0 +1,413 @@
+// The DPDK transport on net_ring0, a ring PMD whose TX queue feeds its own RX queue: what send()
+// puts on the wire comes straight back. Tests either read those frames themselves (to check the
+// headers), configure the local address equal to the leaf's (so that the looped-back frames are
+// "from the leaf" and "for us"), or inject frames they built with dp::build_frame. The EAL is
+// initialised once in main() (the transport never does), with no huge pages and no PCI.
+#include <gtest/gtest.h>
+#include <rte_eal.h>
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dpdk_transport.h"
+#include "treeduce/dataplane/wire.h"
+
+namespace treeduce::host {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kPort[] = "net_ring0";
+constexpr std::uint32_t kLeafIp = 0x0a000001;   // 10.0.0.1
+constexpr std::uint32_t kLocalIp = 0x0a000002;  // 10.0.0.2
+constexpr std::uint16_t kLeafPort = 47110;
+constexpr std::uint16_t kLocalPort = 5000;
+constexpr std::uint8_t kLeafMac[6] = {0x02, 0, 0, 0, 0, 0x01};
+constexpr std::uint8_t kLocalMac[6] = {0x02, 0, 0, 0, 0, 0x02};
+constexpr std::uint32_t kPayload = 256;
+
+rte_mempool* g_inject_pool = nullptr;
+
+DpdkTransportOptions options() {
+  DpdkTransportOptions o;
+  o.port_name = kPort;
+  o.local_address = "10.0.0.2";
+  o.local_port = kLocalPort;
+  o.leaf_address = "10.0.0.1:47110";
+  o.leaf_mac = "02:00:00:00:00:01";
+  o.payload_bytes = kPayload;
+  o.mbufs = 1023;
+  return o;
+}
+
+// Local address = the leaf's: frames the transport sends come back to it as frames from the leaf.
+DpdkTransportOptions loopback_options() {
+  DpdkTransportOptions o = options();
+  o.local_address = "10.0.0.1";
+  o.local_port = kLeafPort;
+  return o;
+}
+
+std::unique_ptr<Transport> make(const DpdkTransportOptions& o) {
+  std::string err;
+  auto t = make_dpdk_transport(o, &err);
+  EXPECT_NE(t, nullptr) << err;
+  EXPECT_EQ(err, "");
+  return t;
+}
+
+dp::TdHdr header(std::uint32_t chunk, std::uint16_t count) {
+  dp::TdHdr td{};
+  td.version = dp::kProtocolVersion;
+  td.opcode = static_cast<std::uint8_t>(dp::Opcode::contrib);
+  td.dtype = 1;
+  td.op = 0;
+  td.tree_id = dp::bswap_be(std::uint16_t{7});
+  td.slot = dp::bswap_be(static_cast<std::uint16_t>(chunk % 16));
+  td.count = dp::bswap_be(count);
+  td.ncontrib = dp::bswap_be(std::uint16_t{1});
+  td.chunk = dp::bswap_be(chunk);
+  td.seq = dp::bswap_be(std::uint32_t{3});
+  td.key = dp::bswap_be(std::uint64_t{0x1122334455667788});
+  return td;
+}
+
+std::vector<std::uint8_t> payload(std::uint32_t chunk, std::size_t len) {
+  std::vector<std::uint8_t> p(len);
+  for (std::size_t i = 0; i < len; ++i) p[i] = static_cast<std::uint8_t>(chunk * 31 + i);
+  return p;
+}
+
+// Puts a frame on the port's TX queue (which is its RX queue on net_ring).
+void inject(const std::vector<std::uint8_t>& frame) {
+  rte_mbuf* m = rte_pktmbuf_alloc(g_inject_pool);
+  ASSERT_NE(m, nullptr);
+  char* d = rte_pktmbuf_append(m, static_cast<std::uint16_t>(frame.size()));
+  ASSERT_NE(d, nullptr);
+  std::memcpy(d, frame.data(), frame.size());
+  std::uint16_t port = 0;
+  ASSERT_EQ(rte_eth_dev_get_port_by_name(kPort, &port), 0);
+  ASSERT_EQ(rte_eth_tx_burst(port, 0, &m, 1), 1);
+}
+
+std::vector<std::uint8_t> frame(const dp::Endpoint& src, const dp::Endpoint& dst,
+                                const dp::TdHdr& td, const std::vector<std::uint8_t>& pl) {
+  std::vector<std::uint8_t> f(dp::kFrameHeaderBytes + pl.size());
+  f.resize(dp::build_frame(f.data(), src, dst, td, pl.data(), pl.size()));
+  return f;
+}
+
+dp::Endpoint leaf() {
+  dp::Endpoint e;
+  std::memcpy(e.mac, kLeafMac, 6);
+  e.ip = kLeafIp;
+  e.port = kLeafPort;
+  return e;
+}
+
+dp::Endpoint local() {
+  dp::Endpoint e;
+  std::memcpy(e.mac, kLocalMac, 6);
+  e.ip = kLocalIp;
+  e.port = kLocalPort;
+  return e;
+}
+
+// Receives until `want` datagrams arrived or a second passed; copies them out.
+std::vector<std::vector<std::uint8_t>> receive_all(Transport& t, std::size_t want) {
+  std::vector<std::vector<std::uint8_t>> got;
+  const auto end = Clock::now() + std::chrono::seconds(1);
+  while (got.size() < want && Clock::now() < end) {
+    std::string err;
+    for (const RxDatagram& d : t.receive(10'000'000, &err))
+      got.emplace_back(d.data, d.data + d.len);
+    EXPECT_EQ(err, "");
+  }
+  return got;
+}
+
+TEST(DpdkTransport, RejectsBadOptions) {
+  std::string err;
+  DpdkTransportOptions o = options();
+  o.port_name = "net_nothere0";
+  EXPECT_EQ(make_dpdk_transport(o, &err), nullptr);
+  EXPECT_NE(err.find("no DPDK port 'net_nothere0'"), std::string::npos) << err;
+  o = options();
+  o.leaf_mac.clear();
+  err.clear();
+  EXPECT_EQ(make_dpdk_transport(o, &err), nullptr);
+  EXPECT_NE(err.find("no ARP"), std::string::npos) << err;
+  o = options();
+  o.leaf_mac = "02:00:00:00:00";
+  err.clear();
+  EXPECT_EQ(make_dpdk_transport(o, &err), nullptr);
+  EXPECT_NE(err.find("is not aa:bb"), std::string::npos) << err;
+  o = options();
+  o.leaf_address = "10.0.0.1";
+  err.clear();
+  EXPECT_EQ(make_dpdk_transport(o, &err), nullptr);
+  EXPECT_NE(err.find("a.b.c.d:port"), std::string::npos) << err;
+  o = options();
+  o.local_address = "ten";
+  err.clear();
+  EXPECT_EQ(make_dpdk_transport(o, &err), nullptr);
+  EXPECT_NE(err.find("not an IPv4 address"), std::string::npos) << err;
+  // The port is still usable after the failures.
+  EXPECT_NE(make(options()), nullptr);
+}
+
+TEST(DpdkTransport, SendBuildsWholeFrames) {
+  DpdkTransportOptions o = options();
+  o.local_mac = "02:00:00:00:00:02";
+  auto t = make(o);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->batch(), 64u);
+  std::vector<std::vector<std::uint8_t>> pls;
+  std::vector<OutPacket> out;
+  for (std::uint32_t c = 0; c < 5; ++c) {
+    pls.push_back(payload(c, c == 4 ? 16 : kPayload));  // the last one short
+  }
+  for (std::uint32_t c = 0; c < 5; ++c) {
+    out.push_back({header(c, static_cast<std::uint16_t>(pls[c].size())), pls[c].data(),
+                   static_cast<std::uint32_t>(pls[c].size())});
+  }
+  ASSERT_EQ(t->send(out.data(), out.size()), "");
+  EXPECT_EQ(t->stats().sent, 5u);
+  EXPECT_EQ(t->stats().send_errors, 0u);
+
+  // Read the looped-back frames ourselves, as the leaf would see them.
+  std::uint16_t port = 0;
+  ASSERT_EQ(rte_eth_dev_get_port_by_name(kPort, &port), 0);
+  rte_mbuf* m[16];
+  const std::uint16_t n = rte_eth_rx_burst(port, 0, m, 16);
+  ASSERT_EQ(n, 5);
+  for (std::uint16_t i = 0; i < n; ++i) {
+    SCOPED_TRACE(i);
+    const auto* f = rte_pktmbuf_mtod(m[i], const std::uint8_t*);
+    const std::size_t len = rte_pktmbuf_pkt_len(m[i]);
+    EXPECT_EQ(len, dp::kFrameHeaderBytes + pls[i].size());
+    const auto eth = dp::load_header<dp::EtherHdr>(f);
+    EXPECT_EQ(std::memcmp(eth.dst, kLeafMac, 6), 0);
+    EXPECT_EQ(std::memcmp(eth.src, kLocalMac, 6), 0);
+    const auto ip = dp::load_header<dp::Ipv4Hdr>(f + sizeof(dp::EtherHdr));
+    EXPECT_EQ(dp::bswap_be(ip.fragment), 0x4000);  // DF
+    dp::Parsed ps;
+    ASSERT_EQ(dp::parse_frame(f, len, kLeafIp, kLeafPort, &ps), dp::ParseError::ok);
+    EXPECT_EQ(ps.src_ip, kLocalIp);
+    EXPECT_EQ(ps.src_port, kLocalPort);
+    EXPECT_EQ(std::memcmp(&ps.td, &out[i].td, sizeof(dp::TdHdr)), 0);
+    ASSERT_EQ(ps.payload_len, pls[i].size());
+    EXPECT_EQ(std::memcmp(ps.payload, pls[i].data(), pls[i].size()), 0);
+  }
+  rte_pktmbuf_free_bulk(m, n);
+
+  // A payload larger than the transport's size is an error sentence, nothing sent.
+  std::vector<std::uint8_t> big(kPayload + 1);
+  const OutPacket p{header(9, 1), big.data(), static_cast<std::uint32_t>(big.size())};
+  EXPECT_NE(t->send(&p, 1).find("exceeds"), std::string::npos);
+  EXPECT_EQ(t->stats().sent, 5u);
+}
+
+TEST(DpdkTransport, ReceivesFromTheLeafOnlyAndCountsForeignFrames) {
+  auto t = make(options());
+  ASSERT_NE(t, nullptr);
+  const auto pl0 = payload(0, kPayload), pl1 = payload(1, 40);
+  inject(frame(leaf(), local(), header(0, kPayload), pl0));
+  dp::Endpoint other = leaf();
+  other.ip = 0x0a000009;
+  inject(frame(other, local(), header(5, kPayload), pl0));  // another sender
+  dp::Endpoint other_port = leaf();
+  other_port.port = 47111;
+  inject(frame(other_port, local(), header(5, kPayload), pl0));  // the leaf, another port
+  dp::Endpoint not_me = local();
+  not_me.port = 5001;
+  inject(frame(leaf(), not_me, header(5, kPayload), pl0));  // not our port
+  not_me = local();
+  not_me.ip = 0x0a000003;
+  inject(frame(leaf(), not_me, header(5, kPayload), pl0));                        // not our address
+  inject(frame(leaf(), local(), header(5, kPayload), payload(5, kPayload + 8)));  // too long
+  std::vector<std::uint8_t> arp(60, 0);
+  std::memcpy(arp.data(), kLocalMac, 6);
+  arp[12] = 0x08;
+  arp[13] = 0x06;
+  inject(arp);  // not IPv4
+  inject(frame(leaf(), local(), header(1, 40), pl1));
+
+  const auto got = receive_all(*t, 2);
+  ASSERT_EQ(got.size(), 2u);
+  const dp::TdHdr h0 = header(0, kPayload), h1 = header(1, 40);
+  ASSERT_EQ(got[0].size(), sizeof(dp::TdHdr) + kPayload);
+  EXPECT_EQ(std::memcmp(got[0].data(), &h0, sizeof h0), 0);
+  EXPECT_EQ(std::memcmp(got[0].data() + sizeof h0, pl0.data(), kPayload), 0);
+  ASSERT_EQ(got[1].size(), sizeof(dp::TdHdr) + 40);
+  EXPECT_EQ(std::memcmp(got[1].data(), &h1, sizeof h1), 0);
+  EXPECT_EQ(std::memcmp(got[1].data() + sizeof h1, pl1.data(), 40), 0);
+  EXPECT_EQ(t->stats().received, 2u);
+  EXPECT_EQ(t->stats().foreign, 6u);
+
+  // What the transport itself sends goes to the leaf, not to us: foreign when it loops back.
+  const OutPacket p{header(2, kPayload), pl0.data(), kPayload};
+  ASSERT_EQ(t->send(&p, 1), "");
+  std::string err;
+  EXPECT_TRUE(t->receive(20'000'000, &err).empty());
+  EXPECT_EQ(t->stats().foreign, 7u);
+}
+
+TEST(DpdkTransport, RoundTripOnLoopbackInBatches) {
+  auto t = make(loopback_options());
+  ASSERT_NE(t, nullptr);
+  constexpr std::uint32_t kPackets = 300;
+  std::vector<std::vector<std::uint8_t>> pls;
+  for (std::uint32_t c = 0; c < kPackets; ++c) pls.push_back(payload(c, kPayload));
+  std::vector<std::vector<std::uint8_t>> got;
+  for (std::uint32_t c = 0; c < kPackets;) {
+    std::vector<OutPacket> out;
+    for (; c < kPackets && out.size() < t->batch(); ++c) {
+      out.push_back({header(c, kPayload), pls[c].data(), kPayload});
+    }
+    ASSERT_EQ(t->send(out.data(), out.size()), "");
+    for (auto& d : receive_all(*t, out.size())) got.push_back(std::move(d));
+  }
+  EXPECT_EQ(t->stats().sent, kPackets);
+  EXPECT_EQ(t->stats().send_errors, 0u);
+  EXPECT_EQ(t->stats().received, kPackets);
+  EXPECT_EQ(t->stats().foreign, 0u);
+  ASSERT_EQ(got.size(), kPackets);
+  for (std::uint32_t c = 0; c < kPackets; ++c) {
+    const dp::TdHdr h = header(c, kPayload);
+    ASSERT_EQ(got[c].size(), sizeof h + kPayload);
+    EXPECT_EQ(std::memcmp(got[c].data(), &h, sizeof h), 0) << c;
+    EXPECT_EQ(std::memcmp(got[c].data() + sizeof h, pls[c].data(), kPayload), 0) << c;
+  }
+}
+
+TEST(DpdkTransport, AFullPortCountsLossesAndNeverBlocks) {
+  // Nobody reads: the ring, then the pool, fill up. Each send() returns within its bound and
+  // counts what did not fit as send errors; what went out comes back intact.
+  // 255 mbufs: the pool runs dry first; 8191: net_ring's ring (1024) fills first, and each send()
+  // waits its 100 ms bound.
+  for (const std::uint32_t mbufs : {255u, 8191u}) {
+    SCOPED_TRACE(mbufs);
+    DpdkTransportOptions o = loopback_options();
+    o.mbufs = mbufs;
+    auto t = make(o);
+    ASSERT_NE(t, nullptr);
+    const auto pl = payload(1, kPayload);
+    std::vector<OutPacket> out;
+    for (std::uint32_t c = 0; c < t->batch(); ++c)
+      out.push_back({header(c, kPayload), pl.data(), kPayload});
+    for (int i = 0; i < 40 && t->stats().send_errors == 0; ++i) {
+      const auto start = Clock::now();
+      ASSERT_EQ(t->send(out.data(), out.size()), "");
+      EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
+    }
+    EXPECT_GT(t->stats().send_errors, 0u);
+    const std::uint64_t sent = t->stats().sent;
+    EXPECT_EQ(sent + t->stats().send_errors,
+              out.size() * ((sent + t->stats().send_errors) / out.size()));
+    EXPECT_EQ(receive_all(*t, sent).size(), sent);
+    EXPECT_EQ(t->stats().received, sent);
+    // And the port works again once drained.
+    ASSERT_EQ(t->send(out.data(), 1), "");
+    EXPECT_EQ(receive_all(*t, 1).size(), 1u);
+  }
+}
+
+TEST(DpdkTransport, ReceiveReturnsEmptyWhenTheTimePasses) {
+  auto t = make(options());
+  ASSERT_NE(t, nullptr);
+  std::string err;
+  auto start = Clock::now();
+  EXPECT_TRUE(t->receive(0, &err).empty());
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
+  start = Clock::now();
+  EXPECT_TRUE(t->receive(30'000'000, &err).empty());
+  const auto took = Clock::now() - start;
+  EXPECT_GE(took, std::chrono::milliseconds(30));
+  EXPECT_LT(took, std::chrono::seconds(2));
+  EXPECT_EQ(err, "");
+}
+
+TEST(DpdkTransport, WakeEndsABlockedReceive) {
+  auto t = make(options());
+  ASSERT_NE(t, nullptr);
+  std::string err;
+  // From another thread, while receive() waits.
+  std::thread waker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    t->wake();
+  });
+  auto start = Clock::now();
+  EXPECT_TRUE(t->receive(10'000'000'000, &err).empty());
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+  waker.join();
+  // A wake() before receive() ends the next wait at once, and only that one.
+  t->wake();
+  start = Clock::now();
+  EXPECT_TRUE(t->receive(10'000'000'000, &err).empty());
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
+  start = Clock::now();
+  EXPECT_TRUE(t->receive(20'000'000, &err).empty());
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(20));
+  // Data that is there is returned even when a wake() is pending.
+  auto pl = payload(0, kPayload);
+  inject(frame(leaf(), local(), header(0, kPayload), pl));
+  t->wake();
+  EXPECT_EQ(t->receive(10'000'000'000, &err).size(), 1u);
+  EXPECT_TRUE(t->receive(10'000'000'000, &err).empty());  // the wake() still ends this one
+}
+
+}  // namespace
+}  // namespace treeduce::host
+
+// The first CPU this process may run on: the EAL's one lcore.
+int first_cpu() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) return c;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const std::vector<std::string> eal = {argv[0],
+                                        "-l",
+                                        std::to_string(first_cpu()),
+                                        "--no-huge",
+                                        "-m",
+                                        "128",
+                                        "--no-pci",
+                                        "--no-telemetry",
+                                        "--file-prefix=tdhostdpdk" + std::to_string(getpid()),
+                                        "--log-level=lib.eal:warning",
+                                        "--vdev=net_ring0"};
+  std::vector<char*> eargv;
+  for (const std::string& s : eal) eargv.push_back(const_cast<char*>(s.c_str()));
+  if (rte_eal_init(static_cast<int>(eargv.size()), eargv.data()) < 0) {
+    std::fprintf(stderr, "EAL initialisation failed\n");
+    return 1;
+  }
+  treeduce::host::g_inject_pool =
+      rte_pktmbuf_pool_create("test_inject", 511, 0, 0, RTE_MBUF_DEFAULT_BUF_SIZE, SOCKET_ID_ANY);
+  if (treeduce::host::g_inject_pool == nullptr) {
+    std::fprintf(stderr, "no mbuf pool\n");
+    return 1;
+  }
+  const int rc = RUN_ALL_TESTS();
+  rte_mempool_free(treeduce::host::g_inject_pool);
+  rte_eal_cleanup();
+  return rc;
+}
