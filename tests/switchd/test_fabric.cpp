@@ -305,17 +305,25 @@ void check_counters(const Options& o, const std::vector<std::map<std::string, st
   }
 }
 
+/// Runs the refhost ranks on a fabric that is up, expects `cases` exact cases per rank, stops the
+/// switches and checks their counters against the traffic; their final counters.
+std::vector<std::map<std::string, std::uint64_t>> run_exact(TestFabric& f, const Options& o,
+                                                            int cases) {
+  int ran = 0;
+  EXPECT_TRUE(f.run_hosts(&ran));
+  EXPECT_EQ(ran, cases);
+  auto sw = f.stop_switches();
+  check_counters(o, sw);
+  return sw;
+}
+
 TEST(Fabric, EveryDtypeAndOpExact) {
   Options o;
   TestFabric f(o);
   ASSERT_TRUE(f.up());
   // The switch answers ping on its port address (ICMP echo through the daemon's slow path).
   EXPECT_EQ(f.lab().in(f.host_netns(0), "ping -c 1 -W 2 10.1.0.254 >/dev/null"), 0);
-  int cases = 0;
-  EXPECT_TRUE(f.run_hosts(&cases));
-  EXPECT_EQ(cases, 6 * 3 * 5);
-  const auto sw = f.stop_switches();
-  check_counters(o, sw);
+  const auto sw = run_exact(f, o, 6 * 3 * 5);
   for (const auto& m : sw) {
     EXPECT_EQ(counter(m, "treeduce_switch_daemon_total", "counter=\"injected_loss\""), 0u);
   }
@@ -329,11 +337,7 @@ TEST(Fabric, ExactUnderLossOnEveryLink) {
   o.counts = "1,1000,20000";
   TestFabric f(o);
   ASSERT_TRUE(f.up());
-  int cases = 0;
-  EXPECT_TRUE(f.run_hosts(&cases));
-  EXPECT_EQ(cases, 6 * 3 * 3);
-  const auto sw = f.stop_switches();
-  check_counters(o, sw);
+  const auto sw = run_exact(f, o, 6 * 3 * 3);
   for (const auto& m : sw) {
     EXPECT_GT(counter(m, "treeduce_switch_daemon_total", "counter=\"injected_loss\""), 0u);
   }
@@ -356,10 +360,7 @@ TEST(Fabric, DeterministicTreeExactUnderLoss) {
   o.ops = "sum";
   TestFabric f(o);
   ASSERT_TRUE(f.up());
-  int cases = 0;
-  EXPECT_TRUE(f.run_hosts(&cases));
-  EXPECT_EQ(cases, 6 * 2);
-  check_counters(o, f.stop_switches());
+  run_exact(f, o, 6 * 2);
 }
 
 // Two datapath lcores per switch: frames arrive on either queue (af_packet: kernel fanout; memif:
@@ -371,11 +372,7 @@ TEST(Fabric, TwoLcoresPerSwitchShardSlots) {
   o.counts = "1,1000,20000";
   TestFabric f(o);
   ASSERT_TRUE(f.up());
-  int cases = 0;
-  EXPECT_TRUE(f.run_hosts(&cases));
-  EXPECT_EQ(cases, 6 * 3 * 3);
-  const auto sw = f.stop_switches();
-  check_counters(o, sw);
+  const auto sw = run_exact(f, o, 6 * 3 * 3);
   for (std::size_t i = 0; i < sw.size(); ++i) {
     // Both lcores worked everywhere.
     EXPECT_GT(counter(sw[i], "treeduce_lcore_busy_polls_total", "lcore=\"0\""), 0u);
