@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "neighbor_table.h"
+#include "treeduce/dataplane/dpdk_quirks.h"
 #include "treeduce/dataplane/neighbor.h"
 
 namespace treeduce::switchd {
@@ -202,6 +203,7 @@ std::unique_ptr<Switch> Switch::create(const SwitchConfig& cfg, std::string* err
              ").";
     return nullptr;
   }
+  for (rte_mempool* mp : {s.pool, s.hdr_pool, s.ind_pool}) dp::prefault_mempool(mp);
   const std::size_t qs_size = rte_rcu_qsbr_get_memsize(n_workers);
   s.qsbr = static_cast<rte_rcu_qsbr*>(rte_zmalloc("td_qsbr", qs_size, RTE_CACHE_LINE_SIZE));
   if (s.qsbr == nullptr || rte_rcu_qsbr_init(s.qsbr, n_workers) != 0) {
@@ -291,6 +293,13 @@ std::string Switch::Impl::setup_ports() {
     std::uint16_t mtu = static_cast<std::uint16_t>(pc.mtu);
     if (mtu == 0 && rte_eth_dev_get_mtu(p.id, &mtu) != 0) mtu = RTE_ETHER_MTU;
     conf.rxmode.mtu = mtu;
+    conf.rxmode.mtu = dp::configurable_mtu(info.driver_name, info.max_rx_pktlen, mtu);
+    if (conf.rxmode.mtu != mtu) {
+      log("port '%s': %s advertises %u-byte frames but carries longer ones: MTU %u configured, "
+          "frames up to MTU %u pass",
+          pc.name.c_str(), info.driver_name, info.max_rx_pktlen, unsigned(conf.rxmode.mtu),
+          unsigned(mtu));
+    }
     if (mtu + RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN > kFrameRoom &&
         (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER) != 0) {
       conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;  // frames longer than one mbuf
