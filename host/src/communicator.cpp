@@ -393,6 +393,10 @@ class CommunicatorImpl final : public Communicator {
     } else if (transport == "dpdk") {
       // The process initialises the EAL with the port probed (docs/host.md): a traffic generator
       // or benchmark that links libtreeduce owns its DPDK set-up. No ARP: both MACs are given.
+      // Or libtreeduce starts the EAL itself, with the arguments it is given.
+      if (const std::string eal = env_str("TREEDUCE_DPDK_EAL"); !eal.empty()) {
+        err = init_eal_once(eal);
+      }
       DpdkTransportOptions d;
       d.port_name = env_str("TREEDUCE_DPDK_PORT");
       d.local_address = bind;
@@ -401,7 +405,7 @@ class CommunicatorImpl final : public Communicator {
       d.leaf_address = t.leaf_address;
       d.leaf_mac = env_str("TREEDUCE_LEAF_MAC");
       d.payload_bytes = t.payload_bytes;
-      transport_ = make_dpdk_transport(d, &err);
+      if (err.empty()) transport_ = make_dpdk_transport(d, &err);
 #endif
     } else {
       err = "TREEDUCE_TRANSPORT is \"" + transport + "\"; this build knows udp" +
@@ -424,7 +428,9 @@ class CommunicatorImpl final : public Communicator {
     ec.world = static_cast<std::uint16_t>(opt_.world_size);
     ec.slots = t.slots;
     ec.payload_bytes = t.payload_bytes;
-    ec.rto_initial_ns = kRtoInitialNs;
+    ec.rto_initial_ns = opt_.rto_us == 0
+                            ? kRtoInitialNs
+                            : std::min<std::uint64_t>(opt_.rto_us * 1000ull, kRtoMaxNs);
     ec.rto_max_ns = kRtoMaxNs;
     ec.max_retries = kMaxRetries;
     engine_ = std::make_unique<ProtocolEngine>(ec);

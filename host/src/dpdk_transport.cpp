@@ -1,6 +1,7 @@
 #include "dpdk_transport.h"
 
 #include <arpa/inet.h>
+#include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_ether.h>
@@ -8,13 +9,19 @@
 #include <rte_mempool.h>
 #include <rte_pause.h>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <sstream>
 #include <vector>
 
+#include "treeduce/dataplane/dpdk_quirks.h"
 #include "treeduce/dataplane/wire.h"
 
 namespace treeduce::host {
@@ -117,6 +124,8 @@ class DpdkTransport final : public Transport {
                              std::to_string(opt.mbufs) + " mbufs",
                          rte_errno);
     }
+    dp::prefault_mempool(tx_pool_);
+    dp::prefault_mempool(rx_pool_);
 
     // The MTU: the port's own, raised to what the payload size needs.
     std::uint16_t mtu = RTE_ETHER_MTU;
@@ -124,7 +133,7 @@ class DpdkTransport final : public Transport {
     const std::size_t need = kL3Overhead + opt.payload_bytes;
     if (need > mtu) mtu = static_cast<std::uint16_t>(need);
     rte_eth_conf conf{};
-    conf.rxmode.mtu = mtu;
+    conf.rxmode.mtu = dp::configurable_mtu(info.driver_name, info.max_rx_pktlen, mtu);
     if (int rc = rte_eth_dev_configure(port_, 1, 1, &conf); rc != 0) {
       return rc_sentence("DPDK port '" + opt.port_name +
                              "' refused one RX and one TX queue with MTU " + std::to_string(mtu),
@@ -187,7 +196,14 @@ class DpdkTransport final : public Transport {
       n = poll();
       if (n != 0) return {rx_out_.data(), n};
       if (std::chrono::steady_clock::now() >= deadline) return {};
-      rte_pause();
+      // Poll, but hand the CPU to whoever else is runnable between polls: a host shares its
+      // cores with the application (and, in an emulated fabric, with the switches and the other
+      // ranks), and a spinning progress thread would hold a CPU for a whole scheduler slice.
+      if (++idle_polls_ % 16 == 0) {
+        sched_yield();
+      } else {
+        rte_pause();
+      }
     }
   }
 
@@ -298,6 +314,7 @@ class DpdkTransport final : public Transport {
   rte_mempool* tx_pool_ = nullptr;
   rte_mempool* rx_pool_ = nullptr;
   std::atomic<bool> wake_{false};
+  std::uint64_t idle_polls_ = 0;  // empty polls in receive(): every 16th yields the CPU
   TransportStats stats_;
   std::vector<std::uint8_t> rx_buf_;   // kBatch datagrams of datagram_bytes_
   std::vector<std::uint8_t> scratch_;  // a chained frame, made contiguous
@@ -305,6 +322,32 @@ class DpdkTransport final : public Transport {
 };
 
 }  // namespace
+
+std::string init_eal_once(const std::string& args) {
+  static std::mutex m;
+  static std::string result;
+  static bool done = false;
+  const std::lock_guard<std::mutex> lock(m);
+  if (done) return result;
+  done = true;
+  // Whitespace-separated, no quoting: EAL arguments carry no spaces (paths included, here).
+  std::vector<std::string> words{"treeduce"};
+  std::istringstream in(args);
+  for (std::string w; in >> w;) words.push_back(w);
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  // The EAL pins the thread that starts it to its main lcore's CPU, and every thread the
+  // application starts afterwards inherits that: give the application its CPUs back.
+  cpu_set_t cpus;
+  const bool have_cpus = pthread_getaffinity_np(pthread_self(), sizeof cpus, &cpus) == 0;
+  if (rte_eal_init(static_cast<int>(words.size()), argv.data()) < 0 && rte_errno != EALREADY) {
+    result = "the EAL did not start with TREEDUCE_DPDK_EAL=\"" + args + "\" (" +
+             rte_strerror(rte_errno) + ")";
+  }
+  if (have_cpus) pthread_setaffinity_np(pthread_self(), sizeof cpus, &cpus);
+  return result;
+}
 
 std::unique_ptr<Transport> make_dpdk_transport(const DpdkTransportOptions& opt,
                                                std::string* error) {

@@ -52,4 +52,9 @@ struct DpdkTransportOptions {
 /// its configuration, no memory for the pools).
 std::unique_ptr<Transport> make_dpdk_transport(const DpdkTransportOptions& opt, std::string* error);
 
+/// Initialises the EAL with `args` (whitespace-separated EAL arguments) unless this process did
+/// already, so that a program that knows nothing of DPDK can use the DPDK transport
+/// (TREEDUCE_DPDK_EAL). Once per process; "" or why the EAL did not start.
+std::string init_eal_once(const std::string& args);
+
 }  // namespace treeduce::host

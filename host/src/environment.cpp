@@ -115,6 +115,32 @@ Result options_from_environment(Options* out, std::string* error) {
     if (!parse_number(v, 65535, &port, error)) return Result::invalid_argument;
     o.port = std::uint16_t(port);
   }
+  // The window and the packet payload asked of the manager (it may grant less); the payload must
+  // fit the path's MTU (docs/host.md).
+  if (const Var v = first_of({"TREEDUCE_SLOTS"}); v.name) {
+    std::uint64_t slots = 0;
+    if (!parse_number(v, 4096, &slots, error)) return Result::invalid_argument;
+    if (slots == 0 || (slots & (slots - 1)) != 0) {
+      *error = "TREEDUCE_SLOTS is " + v.value + "; it must be a power of two from 1 to 4096.";
+      return Result::invalid_argument;
+    }
+    o.slots = std::uint32_t(slots);
+  }
+  if (const Var v = first_of({"TREEDUCE_PAYLOAD_BYTES"}); v.name) {
+    std::uint64_t bytes = 0;
+    if (!parse_number(v, 8192, &bytes, error)) return Result::invalid_argument;
+    if (bytes < 256 || (bytes & (bytes - 1)) != 0) {
+      *error =
+          "TREEDUCE_PAYLOAD_BYTES is " + v.value + "; it must be a power of two from 256 to 8192.";
+      return Result::invalid_argument;
+    }
+    o.payload_bytes = std::uint32_t(bytes);
+  }
+  if (const Var v = first_of({"TREEDUCE_RTO_US"}); v.name) {
+    std::uint64_t us = 0;
+    if (!parse_number(v, 128000, &us, error)) return Result::invalid_argument;
+    o.rto_us = std::uint32_t(us);
+  }
   if (const Var v = first_of({"TREEDUCE_PATH"}); v.name) {
     if (v.value == "auto") {
       o.path = Path::auto_select;

@@ -20,9 +20,10 @@ struct Environment : ::testing::Test {
   void SetUp() override {
     for (const char* v :
          {"TREEDUCE_MANAGER", "TREEDUCE_JOB", "TREEDUCE_RANK", "TREEDUCE_WORLD_SIZE",
-          "TREEDUCE_HOST", "TREEDUCE_BIND", "TREEDUCE_PORT", "TREEDUCE_PATH",
-          "TREEDUCE_FALLBACK_STORE", "TREEDUCE_FALLBACK_ADDRESS", "RANK", "WORLD_SIZE",
-          "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"})
+          "TREEDUCE_HOST", "TREEDUCE_BIND", "TREEDUCE_PORT", "TREEDUCE_PATH", "TREEDUCE_SLOTS",
+          "TREEDUCE_PAYLOAD_BYTES", "TREEDUCE_RTO_US", "TREEDUCE_FALLBACK_STORE",
+          "TREEDUCE_FALLBACK_ADDRESS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID",
+          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"})
       unsetenv(v);
   }
   static void set(const char* k, const char* v) { setenv(k, v, 1); }
@@ -49,6 +50,9 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   set("TREEDUCE_PATH", "network");
   set("TREEDUCE_FALLBACK_STORE", "/shared/rdv");
   set("TREEDUCE_FALLBACK_ADDRESS", "10.2.0.4");
+  set("TREEDUCE_SLOTS", "64");
+  set("TREEDUCE_PAYLOAD_BYTES", "8192");
+  set("TREEDUCE_RTO_US", "10000");
   Options o;
   std::string err = "stale";
   ASSERT_EQ(options_from_environment(&o, &err), Result::ok) << err;
@@ -63,6 +67,9 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   EXPECT_EQ(o.path, Path::network);
   EXPECT_EQ(o.fallback_store, "/shared/rdv");
   EXPECT_EQ(o.fallback_address, "10.2.0.4");
+  EXPECT_EQ(o.slots, 64u);
+  EXPECT_EQ(o.payload_bytes, 8192u);
+  EXPECT_EQ(o.rto_us, 10000u);
 }
 
 TEST_F(Environment, TorchrunGivesRankWorldAndJobAndTreeduceOverrides) {
@@ -150,11 +157,27 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   set("TREEDUCE_PATH", "fast");
   expect_error("TREEDUCE_PATH is 'fast'; it must be auto, network or host.");
   set("TREEDUCE_PATH", "host");
+  set("TREEDUCE_SLOTS", "48");
+  expect_error("TREEDUCE_SLOTS is 48; it must be a power of two from 1 to 4096.");
+  set("TREEDUCE_SLOTS", "8192");
+  expect_error("TREEDUCE_SLOTS is '8192', not a whole number from 0 to 4096.");
+  set("TREEDUCE_SLOTS", "32");
+  set("TREEDUCE_PAYLOAD_BYTES", "128");
+  expect_error("TREEDUCE_PAYLOAD_BYTES is 128; it must be a power of two from 256 to 8192.");
+  set("TREEDUCE_PAYLOAD_BYTES", "9000");
+  expect_error("TREEDUCE_PAYLOAD_BYTES is '9000', not a whole number from 0 to 8192.");
+  set("TREEDUCE_PAYLOAD_BYTES", "4096");
+  set("TREEDUCE_RTO_US", "5ms");
+  expect_error("TREEDUCE_RTO_US is '5ms', not a whole number from 0 to 128000.");
+  set("TREEDUCE_RTO_US", "5000");
   Options o;
   std::string err;
   ASSERT_EQ(options_from_environment(&o, &err), Result::ok) << err;
   EXPECT_EQ(o.path, Path::host);
   EXPECT_EQ(o.port, 50000);
+  EXPECT_EQ(o.slots, 32u);
+  EXPECT_EQ(o.payload_bytes, 4096u);
+  EXPECT_EQ(o.rto_us, 5000u);
 }
 
 TEST_F(Environment, AFailureLeavesTheOptionsUntouched) {

@@ -63,6 +63,10 @@ struct Options {
                              ///< kernel's ephemeral range, so no outgoing socket holds it)
   std::uint32_t slots = 16;  ///< window asked of the manager
   std::uint32_t payload_bytes = 1024;
+  /// First retransmission timeout of a chunk, in microseconds (doubling up to 128 ms); 0 = 1000.
+  /// Raise it where ranks share oversubscribed CPUs: a result waits for the slowest rank, and
+  /// retransmitting before it comes only adds load.
+  std::uint32_t rto_us = 0;
   bool deterministic = false;
   Path path = Path::auto_select;
   std::uint32_t join_timeout_ms = 30000;  ///< waiting for all ranks to join
@@ -78,7 +82,8 @@ struct Options {
 };
 
 /// Reads TREEDUCE_MANAGER, TREEDUCE_JOB, TREEDUCE_RANK, TREEDUCE_WORLD_SIZE, TREEDUCE_HOST,
-/// TREEDUCE_BIND (bind_address), TREEDUCE_PORT, TREEDUCE_PATH (auto|network|host),
+/// TREEDUCE_BIND (bind_address), TREEDUCE_PORT, TREEDUCE_SLOTS, TREEDUCE_PAYLOAD_BYTES,
+/// TREEDUCE_RTO_US, TREEDUCE_PATH (auto|network|host),
 /// TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, and the launchers'
 /// RANK/WORLD_SIZE (torchrun) and OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI) when
 /// treeduce's own are not set. Returns invalid_argument with the variable named in `*error`.
