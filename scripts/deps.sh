@@ -20,6 +20,9 @@ TREEDUCE_PACKAGES=(
   libgloo-dev
   # the host library's ibverbs transport (rdma-core)
   libibverbs-dev
+  # allreduce baselines next to treeduce (Open MPI's MPI_Allreduce over TCP), their plot, and
+  # ethtool for the benchmark fabric's veth offloads
+  libopenmpi-dev openmpi-bin gnuplot-nox ethtool
 )
 
 treeduce_install_deps() {
