@@ -1,12 +1,19 @@
-// treeduce-fabric: the main job (scripts/main.sh). Brings up a whole emulated fabric on this
-// machine (a treeduce-manager, three treeduce-switch processes in a 2-level tree, four host ranks
-// in their own network namespaces), runs treeduce-perf on the four ranks (libtreeduce: the ranks
-// join the job through the manager, which installs the tree on the switches), streams rank 0's
-// table as it runs, and tears everything down on success, failure and Ctrl-C: no namespace,
-// process, bridge or socket is left behind.
-//   treeduce-fabric [--loss F] [--keep-logs] [-- treeduce-perf arguments]
+// treeduce-fabric: the main job (scripts/main.sh) and the allreduce benchmark (scripts/bench.sh).
+// Brings up a whole emulated fabric on this machine (a treeduce-manager, treeduce-switch
+// processes, four host ranks in their own network namespaces), runs treeduce-perf on the four
+// ranks (libtreeduce: the ranks join the job through the manager, which installs the tree on the
+// switches), streams rank 0's table as it runs, and tears everything down on success, failure
+// and Ctrl-C: no namespace, process, bridge or socket is left behind.
+//
+// With --compare, treeduce-perf runs Gloo's ring allreduce and/or Open MPI's MPI_Allreduce on the
+// same ranks, interleaved with treeduce's (docs/performance.md). Gloo and MPI go over TCP on the
+// hosts' management network (veth pairs on a Linux bridge); with mpi the ranks are launched by
+// mpirun, whose "rsh agent" enters each host's namespace to start its orted there.
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -30,38 +37,133 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-int usage(const char* why) {
-  std::fprintf(stderr,
-               "treeduce-fabric: %s\nusage: treeduce-fabric [--loss F] [--keep-logs] "
-               "[-- treeduce-perf arguments]\n",
-               why);
-  return 2;
+// A word for /bin/sh, quoted.
+std::string quoted(const std::string& w) {
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The ranks under mpirun: an rsh agent that starts each "node" (a host namespace) inside that
+// namespace, and a per-rank script that picks the rank's libtreeduce environment by namespace.
+// Returns mpirun's argv.
+std::vector<std::string> mpirun_argv(Lab& lab, const Fabric& fab,
+                                     const std::vector<std::string>& perf) {
+  const std::string agent = lab.write("rsh-agent.sh",
+                                      "#!/bin/sh\n# mpirun's rsh agent: HOST CMD -> CMD inside "
+                                      "network namespace HOST.\nhost=$1; shift\n"
+                                      "exec ip netns exec \"$host\" /bin/sh -c \"$*\"\n");
+  std::string script = "#!/bin/sh\nns=$(ip netns identify $$)\ncase \"$ns\" in\n";
+  std::string hosts;
+  for (int h = 0; h < Fabric::kHosts; ++h) {
+    script += "  " + fab.host_netns(h) + ") exec";
+    for (const std::string& w : fab.rank_env(h, "main")) script += " " + quoted(w);
+    script += " " + quoted(TREEDUCE_PERF_BIN) + " \"$@\";;\n";
+    hosts += (h ? "," : "") + fab.host_netns(h);
+  }
+  script += "esac\necho \"rank.sh: not in a host namespace ($ns)\" >&2\nexit 1\n";
+  const std::string rank = lab.write("rank.sh", script);
+  chmod(agent.c_str(), 0755);
+  chmod(rank.c_str(), 0755);
+  const std::string mgmt = "198.18.255.0/24";
+  std::vector<std::string> argv = {
+      "env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "mpirun", "-np",
+      std::to_string(Fabric::kHosts), "--host", hosts, "--map-by", "node", "--bind-to", "none",
+      "--mca", "plm_rsh_agent", agent,
+      // Four ranks share two CPUs here: wait by yielding, as Open MPI does by itself when it
+      // knows a node is oversubscribed (it cannot: each namespace is a node of one slot).
+      "--mca", "mpi_yield_when_idle", "1",
+      // The orteds share one machine: hwloc's shared-memory topology segfaults them.
+      "--mca", "rtc", "^hwloc",
+      // Control and MPI traffic on the management network, TCP only (no shared memory).
+      "--mca", "oob_tcp_if_include", mgmt, "--mca", "btl", "tcp,self", "--mca",
+      "btl_tcp_if_include", mgmt, "/bin/sh", rank};
+  argv.insert(argv.end(), perf.begin(), perf.end());
+  return argv;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{
+      "treeduce-fabric: an emulated fabric (manager, treeduce-switch processes, 4 host ranks in "
+      "network namespaces) running treeduce-perf; the main job and the allreduce benchmark"};
   double loss = 0;
+  std::string topology = "two-level", hosts = "udp", compare, json_out;
+  FabricOptions fo{TREEDUCE_SWITCH_BIN, TREEDUCE_MANAGER_BIN};
+  bool keep_logs = false;
   std::vector<std::string> perf_args = {
       "-b", "4096",    "-e", "4194304", "-f", "8", "-d", "f32,bf16,f16,e4m3,e5m2,i32",
       "-o", "sum,max", "-n", "5",       "-w", "1"};
+  app.add_option("--loss", loss, "drop this fraction of the frames every switch port receives")
+      ->check(CLI::Range(0.0, 0.99));
+  app.add_option("--topology", topology, "two-level (2 leaves + spine) or leaf (one switch)")
+      ->check(CLI::IsMember({"two-level", "leaf"}))
+      ->capture_default_str();
+  app.add_option("--hosts", hosts,
+                 "udp: kernel sockets on veth to af_packet ports; dpdk: libtreeduce's DPDK "
+                 "transport on memif (kernel bypass; leaf only)")
+      ->check(CLI::IsMember({"udp", "dpdk"}))
+      ->capture_default_str();
+  app.add_option("--mtu", fo.mtu, "MTU of the data links (jumbo: 8300 carries 8 KiB payloads)")
+      ->check(CLI::Range(1500, 8400))
+      ->capture_default_str();
+  app.add_option("--slots", fo.slots, "window each rank asks for (0: libtreeduce's default)")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--payload", fo.payload_bytes,
+                 "payload bytes per packet each rank asks for (0: libtreeduce's default)")
+      ->check(CLI::Range(0, 8192));
+  app.add_option("--rto-us", fo.rto_us,
+                 "the ranks' first retransmission timeout (0: libtreeduce's, 1 ms)")
+      ->check(CLI::Range(0, 128000));
+  app.add_option("--idle-sleep-us", fo.idle_sleep_us,
+                 "the switches' longest idle sleep (0: busy polling; they share the CPUs with "
+                 "the ranks)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app.add_flag("--gso", fo.host_gso, "udp hosts send with UDP GSO (segmented by their veth)");
+  app.add_option("--compare", compare,
+                 "also run these on the same ranks, interleaved: gloo (ring), mpi (Open MPI)");
+  app.add_option("--json-out", json_out, "rank 0 appends one JSON object per row to this file");
+  app.add_flag("--keep-logs", keep_logs, "keep the lab directory (logs, configs) afterwards");
+  app.set_help_flag("-h,--help", "this help; treeduce-perf's arguments go after --");
+  app.allow_extras(false);
+  app.prefix_command(false);
+  // Everything after "--" is treeduce-perf's.
+  std::vector<std::string> own;
+  bool rest = false;
+  std::vector<std::string> given;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--loss") == 0 && i + 1 < argc) {
-      char* end = nullptr;
-      loss = std::strtod(argv[++i], &end);
-      if (*end != '\0' || !(loss >= 0 && loss < 1))
-        return usage("--loss takes a fraction below 1.");
-    } else if (std::strcmp(argv[i], "--keep-logs") == 0) {
-      setenv("TREEDUCE_KEEP_LAB", "1", 1);
-    } else if (std::strcmp(argv[i], "--") == 0) {
-      perf_args.assign(argv + i + 1, argv + argc);
-      break;
-    } else {
-      return usage((std::string("unknown argument ") + argv[i] + ".").c_str());
+    if (!rest && std::strcmp(argv[i], "--") == 0) {
+      rest = true;
+      continue;
     }
+    (rest ? given : own).push_back(argv[i]);
   }
+  if (rest) perf_args = given;
+  std::reverse(own.begin(), own.end());
+  try {
+    app.parse(own);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  fo.shape = topology == "leaf" ? FabricShape::one_leaf : FabricShape::two_level;
+  fo.host_transport = hosts == "dpdk" ? HostTransport::dpdk : HostTransport::udp;
+  if (fo.host_transport == HostTransport::dpdk && fo.shape != FabricShape::one_leaf) {
+    std::fprintf(stderr, "treeduce-fabric: --hosts dpdk needs --topology leaf.\n");
+    return 2;
+  }
+  const bool mpi = compare.find("mpi") != std::string::npos;
+  if (!compare.empty()) {
+    perf_args.insert(perf_args.begin(), {"--compare", compare});
+  }
+  if (!json_out.empty()) perf_args.insert(perf_args.begin(), {"--json-out", json_out});
+  if (keep_logs) setenv("TREEDUCE_KEEP_LAB", "1", 1);
   if (geteuid() != 0) {
-    return usage("network namespaces and veth pairs need root (run it with sudo).");
+    std::fprintf(stderr,
+                 "treeduce-fabric: network namespaces and veth pairs need root (run it with "
+                 "sudo).\n");
+    return 2;
   }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -70,16 +172,19 @@ int main(int argc, char** argv) {
   int rc = 0;
   {
     Lab lab("m");  // everything it made goes when it is destroyed, whatever happened
-    FabricOptions fo{TREEDUCE_SWITCH_BIN, TREEDUCE_MANAGER_BIN};
     fo.host_port_loss = loss;
     fo.leaf_uplink_loss = loss;
     fo.spine_loss = loss;
     fo.management_network = true;
     Fabric fab(lab, fo);
     auto t = std::chrono::steady_clock::now();
+    const bool leaf = fo.shape == FabricShape::one_leaf;
+    const bool dpdk = fo.host_transport == HostTransport::dpdk;
     std::printf(
-        "[1/3] fabric: manager, leaf0 + leaf1 + spine (treeduce-switch on memif and "
-        "af_packet), 4 host namespaces%s ...\n",
+        "[1/3] fabric: manager, %s, 4 host namespaces (%s, MTU %d)%s ...\n",
+        leaf ? "leaf0 (treeduce-switch)"
+             : "leaf0 + leaf1 + spine (treeduce-switch on memif and af_packet)",
+        dpdk ? "libtreeduce's DPDK transport on memif" : "kernel UDP on veth to af_packet", fo.mtu,
         loss > 0 ? (", " + std::to_string(loss * 100) + " % loss on every link").c_str() : "");
     if (const std::string e = fab.up(); !e.empty()) {
       std::fprintf(stderr, "treeduce-fabric: %s\n", e.c_str());
@@ -87,14 +192,22 @@ int main(int argc, char** argv) {
     }
     std::printf("      up in %.1f s; manager %s; logs in %s\n", seconds_since(t),
                 fab.manager_address().c_str(), lab.dir().c_str());
-    std::printf("[2/3] allreduce: 4 ranks of treeduce-perf (libtreeduce), every result checked\n");
+    std::printf(
+        "[2/3] allreduce: 4 ranks of treeduce-perf (libtreeduce)%s%s, every result "
+        "checked\n",
+        compare.empty() ? "" : " side by side with ", compare.c_str());
     t = std::chrono::steady_clock::now();
+    // ranks[0]'s log has rank 0's table: its own, or mpirun's (all ranks' output merged).
     std::vector<Proc*> ranks;
-    for (int h = 0; h < Fabric::kHosts; ++h) {
-      std::vector<std::string> argv_h = fab.rank_env(h, "main");
-      argv_h.push_back(TREEDUCE_PERF_BIN);
-      argv_h.insert(argv_h.end(), perf_args.begin(), perf_args.end());
-      ranks.push_back(&lab.spawn("rank" + std::to_string(h), fab.host_netns(h), argv_h));
+    if (mpi) {
+      ranks.push_back(&lab.spawn("mpirun", "", mpirun_argv(lab, fab, perf_args)));
+    } else {
+      for (int h = 0; h < Fabric::kHosts; ++h) {
+        std::vector<std::string> argv_h = fab.rank_env(h, "main");
+        argv_h.push_back(TREEDUCE_PERF_BIN);
+        argv_h.insert(argv_h.end(), perf_args.begin(), perf_args.end());
+        ranks.push_back(&lab.spawn("rank" + std::to_string(h), fab.host_netns(h), argv_h));
+      }
     }
     // Stream rank 0's output as it grows: the table is the progress.
     std::size_t shown = 0;
@@ -125,8 +238,8 @@ int main(int argc, char** argv) {
       if (!p->done) lab.stop(*p);
       if (p->status != 0 && rc == 0) {
         rc = 1;
-        std::fprintf(stderr, "treeduce-fabric: rank %zu exited with %d:\n%s\n", h, p->status,
-                     Lab::read_log(*p).c_str());
+        std::fprintf(stderr, "treeduce-fabric: %s exited with %d:\n%s\n", p->name.c_str(),
+                     p->status, Lab::read_log(*p).c_str());
       }
     }
     std::printf("[3/3] teardown (%.1f s of allreduce)\n", seconds_since(t));

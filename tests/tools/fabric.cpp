@@ -25,9 +25,10 @@ std::string tree_yaml(const std::string& role, const std::string& parent, int in
   return y.str();
 }
 
-std::string port_yaml(const std::string& name, const std::string& ip, double loss) {
+std::string port_yaml(const std::string& name, const std::string& ip, double loss, int mtu) {
   std::ostringstream y;
   y << "  - {name: " << name << ", ip: " << ip;
+  if (mtu != 1500) y << ", mtu: " << mtu;
   if (loss > 0) y << ", rx_loss: " << loss;
   y << "}\n";
   return y.str();
@@ -35,9 +36,18 @@ std::string port_yaml(const std::string& name, const std::string& ip, double los
 
 }  // namespace
 
-std::string Fabric::topology_yaml() {
+std::string Fabric::topology_yaml(FabricShape shape) {
   std::ostringstream y;
   y << "switches:\n";
+  if (shape == FabricShape::one_leaf) {
+    y << "  - {name: leaf0, level: 0, data: \"10.0.0.1:47110\", profile: server, ports: " << kHosts
+      << "}\nhosts:\n";
+    for (int h = 0; h < kHosts; ++h) {
+      y << "  - {name: h" << h << ", address: " << host_ip(h) << ", switch: leaf0, port: " << h + 1
+        << "}\n";
+    }
+    return y.str();
+  }
   for (int l = 0; l < 2; ++l) {
     y << "  - {name: leaf" << l << ", level: 0, data: \"10.0.0." << l + 1
       << ":47110\", profile: server, ports: 3}\n";
@@ -60,16 +70,37 @@ std::string Fabric::manager_address() const {
 }
 
 std::vector<std::string> Fabric::rank_env(int h, const std::string& job) const {
-  return {"env",
-          "TREEDUCE_MANAGER=" + manager_address(),
-          "TREEDUCE_JOB=" + job,
-          "TREEDUCE_RANK=" + std::to_string(h),
-          "TREEDUCE_WORLD_SIZE=" + std::to_string(kHosts),
-          "TREEDUCE_HOST=" + host_ip(h),
-          "TREEDUCE_BIND=" + host_ip(h),
-          "TREEDUCE_PORT=" + std::to_string(kHostPort),
-          "TREEDUCE_FALLBACK_STORE=" + lab_.dir() + "/gloo-" + job,
-          "TREEDUCE_FALLBACK_ADDRESS=" + host_mgmt_ip(h)};
+  std::vector<std::string> env = {"env",
+                                  "TREEDUCE_MANAGER=" + manager_address(),
+                                  "TREEDUCE_JOB=" + job,
+                                  "TREEDUCE_RANK=" + std::to_string(h),
+                                  "TREEDUCE_WORLD_SIZE=" + std::to_string(kHosts),
+                                  "TREEDUCE_HOST=" + host_ip(h),
+                                  "TREEDUCE_BIND=" + host_ip(h),
+                                  "TREEDUCE_PORT=" + std::to_string(kHostPort),
+                                  "TREEDUCE_FALLBACK_STORE=" + lab_.dir() + "/gloo-" + job,
+                                  "TREEDUCE_FALLBACK_ADDRESS=" + host_mgmt_ip(h)};
+  if (opt_.slots != 0) env.push_back("TREEDUCE_SLOTS=" + std::to_string(opt_.slots));
+  if (opt_.payload_bytes != 0) {
+    env.push_back("TREEDUCE_PAYLOAD_BYTES=" + std::to_string(opt_.payload_bytes));
+  }
+  if (opt_.rto_us != 0) env.push_back("TREEDUCE_RTO_US=" + std::to_string(opt_.rto_us));
+  if (opt_.host_transport == HostTransport::dpdk) {
+    // The library starts the EAL itself (TREEDUCE_DPDK_EAL): a memif client of the leaf's port h,
+    // no hugepages, its own file prefix. No ARP on this transport: both MACs are given.
+    env.push_back("TREEDUCE_TRANSPORT=dpdk");
+    env.push_back("TREEDUCE_DPDK_EAL=--no-huge -m 128 --no-pci --no-telemetry --file-prefix=" +
+                  lab_.prefix() + "rank" + std::to_string(h) +
+                  " --log-level=lib.eal:warning "
+                  "--vdev=net_memif0,role=client,id=" +
+                  std::to_string(h) + host_memif_args());
+    env.push_back("TREEDUCE_DPDK_PORT=net_memif0");
+    env.push_back("TREEDUCE_LOCAL_MAC=" + host_mac(h));
+    env.push_back("TREEDUCE_LEAF_MAC=" + leaf_port_mac(h));
+  } else if (opt_.host_gso) {
+    env.push_back("TREEDUCE_UDP_GSO=1");
+  }
+  return env;
 }
 
 std::string Fabric::final_stats(std::size_t i) const {
@@ -84,6 +115,21 @@ std::string Fabric::up() {
     if (lab_.in(hosts_.back(), "ip addr add " + host_ip(h) + "/24 dev eth0") != 0 ||
         lab_.in(hosts_.back(), "ip route add default via " + gw) != 0) {
       return "cannot address host " + std::to_string(h) + ".";
+    }
+    // Both ends: a veth drops what is longer than its peer's MTU.
+    if (opt_.mtu != 1500 &&
+        (lab_.in(hosts_.back(), "ip link set eth0 mtu " + std::to_string(opt_.mtu)) != 0 ||
+         lab_.in("", "ip link set " + port_if(h) + " mtu " + std::to_string(opt_.mtu)) != 0)) {
+      return "cannot set host " + std::to_string(h) + "'s MTU to " + std::to_string(opt_.mtu) + ".";
+    }
+  }
+  // A NIC with UDP segmentation offload cuts a GSO send into frames; a veth passes the super-
+  // frame on whole (and the leaf's af_packet ring would truncate it): segment in software.
+  if (opt_.host_gso && opt_.host_transport == HostTransport::udp) {
+    for (const std::string& ns : hosts_) {
+      if (lab_.in(ns, "ethtool -K eth0 tx-udp-segmentation off") != 0) {
+        return "cannot turn UDP segmentation offload off on a host's veth (is ethtool installed?).";
+      }
     }
   }
   if (opt_.management_network) {
@@ -104,45 +150,14 @@ std::string Fabric::up() {
     if (std::string e = start_manager(manager_ip_ + ":0"); !e.empty()) return e;
   }
   const bool static_trees = manager_ == nullptr;
-  const std::string d = lab_.dir();
-  const std::string spine_data = "10.0.0.3:47110";
-  for (int l = 0; l < 2; ++l) {
-    std::ostringstream y;
-    y << "name: leaf" << l << "\ndata: 10.0.0." << l + 1 << ":47110\nports:\n"
-      << port_yaml("net_af_packet0", "10.1." + std::to_string(2 * l) + ".254/24",
-                   opt_.host_port_loss)
-      << port_yaml("net_af_packet1", "10.1." + std::to_string(2 * l + 1) + ".254/24",
-                   opt_.host_port_loss)
-      << port_yaml("net_memif0", "10.2." + std::to_string(l) + ".1/30", opt_.leaf_uplink_loss)
-      << "seed: " << 11 + l << "\n";
-    if (static_trees) {
-      const std::string port = ":" + std::to_string(kHostPort);
-      y << tree_yaml("leaf", spine_data, l,
-                     {{host_ip(2 * l) + port, 1}, {host_ip(2 * l + 1) + port, 1}},
-                     opt_.deterministic);
-    }
-    const std::string cfg = lab_.write("leaf" + std::to_string(l) + ".yaml", y.str());
-    const std::string qp = ",qpairs=" + std::to_string(opt_.lcores);
-    switches_.push_back(&start_switch("leaf" + std::to_string(l), cfg,
-                                      {"--vdev=net_af_packet0,iface=" + port_if(2 * l) + qp,
-                                       "--vdev=net_af_packet1,iface=" + port_if(2 * l + 1) + qp,
-                                       "--vdev=net_memif0,role=client,id=" + std::to_string(l) +
-                                           ",socket=" + d + "/memif.sock"}));
+  if (opt_.host_transport == HostTransport::dpdk && opt_.shape != FabricShape::one_leaf) {
+    return "DPDK hosts are only wired in the one-leaf fabric.";
   }
-  std::ostringstream y;
-  y << "name: spine\ndata: " << spine_data << "\nports:\n"
-    << port_yaml("net_memif0", "10.2.0.2/30", opt_.spine_loss)
-    << port_yaml("net_memif1", "10.2.1.2/30", opt_.spine_loss) << "seed: 13\n";
-  if (static_trees) {
-    y << tree_yaml("root", "", 0, {{"10.0.0.1:47110", 2}, {"10.0.0.2:47110", 2}},
-                   opt_.deterministic);
+  if (std::string e = opt_.shape == FabricShape::one_leaf ? start_one_leaf(static_trees)
+                                                          : start_two_level(static_trees);
+      !e.empty()) {
+    return e;
   }
-  const std::string cfg = lab_.write("spine.yaml", y.str());
-  // The spine serves both memif links on one socket, told apart by id.
-  switches_.push_back(
-      &start_switch("spine", cfg,
-                    {"--vdev=net_memif0,role=server,id=0,socket=" + d + "/memif.sock",
-                     "--vdev=net_memif1,role=server,id=1,socket=" + d + "/memif.sock"}));
   for (Proc* p : switches_) {
     if (!lab_.wait_log(*p, " ready: ", std::chrono::seconds(30))) {
       return p->name + " did not start:\n" + Lab::read_log(*p);
@@ -151,8 +166,109 @@ std::string Fabric::up() {
   return "";
 }
 
+std::string Fabric::af_packet_vdev(int index, int h) const {
+  std::string v = "--vdev=net_af_packet" + std::to_string(index) + ",iface=" + port_if(h) +
+                  ",qpairs=" + std::to_string(opt_.lcores);
+  // The kernel copies each frame into one ring frame, and the PMD copies a ring frame into one
+  // mbuf: ring frames as large as the switch's mbuf data room allows (8448 bytes + the PMD's
+  // 32-byte header), which holds MTU 8400. The PMD walks its ring at framesz strides, so a block
+  // must hold a whole number of frames: 128 of them make it a whole number of pages too.
+  if (opt_.mtu > 1500) v += ",framesz=8480,blocksz=1085440,framecnt=512";
+  return v;
+}
+
+std::string Fabric::host_memif_args() const {
+  // The socket is a file: an abstract one (memif's default) lives in one network namespace. 256
+  // descriptors hold a 64-slot window with room, and are few enough that every buffer has been
+  // touched (page-faulted) after the first few operations; with jumbo frames each holds a whole
+  // frame.
+  return ",socket=" + lab_.dir() + "/hosts.sock,socket-abstract=no,rsize=8" +
+         (opt_.mtu > 1500 ? ",bsize=16384" : "");
+}
+
+std::string Fabric::start_one_leaf(bool static_trees) {
+  std::ostringstream y;
+  y << "name: leaf0\ndata: 10.0.0.1:47110\nports:\n";
+  std::vector<std::string> vdevs;
+  std::vector<std::pair<std::string, int>> children;
+  const bool dpdk = opt_.host_transport == HostTransport::dpdk;
+  for (int h = 0; h < kHosts; ++h) {
+    const std::string ip = "10.1." + std::to_string(h) + ".254/24";
+    if (dpdk) {
+      // The leaf serves every host's memif link on one socket, told apart by id.
+      y << "  - {name: net_memif" << h << ", ip: " << ip << ", mac: \"" << leaf_port_mac(h)
+        << "\", mtu: " << opt_.mtu
+        << (opt_.host_port_loss > 0 ? ", rx_loss: " + std::to_string(opt_.host_port_loss)
+                                    : std::string())
+        << "}\n";
+      vdevs.push_back("--vdev=net_memif" + std::to_string(h) +
+                      ",role=server,id=" + std::to_string(h) + host_memif_args());
+    } else {
+      y << port_yaml("net_af_packet" + std::to_string(h), ip, opt_.host_port_loss, opt_.mtu);
+      vdevs.push_back(af_packet_vdev(h, h));
+    }
+    children.push_back({host_ip(h) + ":" + std::to_string(kHostPort), 1});
+  }
+  if (dpdk) {
+    // The DPDK hosts answer no ARP.
+    y << "neighbors:\n";
+    for (int h = 0; h < kHosts; ++h) {
+      y << "  - {ip: " << host_ip(h) << ", mac: \"" << host_mac(h) << "\", port: net_memif" << h
+        << "}\n";
+    }
+  }
+  y << "seed: 11\n";
+  if (static_trees) y << tree_yaml("root", "", 0, children, opt_.deterministic);
+  switches_.push_back(&start_switch("leaf0", lab_.write("leaf0.yaml", y.str()), vdevs));
+  return "";
+}
+
+std::string Fabric::start_two_level(bool static_trees) {
+  const std::string d = lab_.dir();
+  const std::string spine_data = "10.0.0.3:47110";
+  // memif buffers hold a whole jumbo frame (no chained buffers through the ring).
+  const std::string bsize = opt_.mtu > 1500 ? ",bsize=16384" : "";
+  for (int l = 0; l < 2; ++l) {
+    std::ostringstream y;
+    y << "name: leaf" << l << "\ndata: 10.0.0." << l + 1 << ":47110\nports:\n"
+      << port_yaml("net_af_packet0", "10.1." + std::to_string(2 * l) + ".254/24",
+                   opt_.host_port_loss, opt_.mtu)
+      << port_yaml("net_af_packet1", "10.1." + std::to_string(2 * l + 1) + ".254/24",
+                   opt_.host_port_loss, opt_.mtu)
+      << port_yaml("net_memif0", "10.2." + std::to_string(l) + ".1/30", opt_.leaf_uplink_loss,
+                   opt_.mtu)
+      << "seed: " << 11 + l << "\n";
+    if (static_trees) {
+      const std::string port = ":" + std::to_string(kHostPort);
+      y << tree_yaml("leaf", spine_data, l,
+                     {{host_ip(2 * l) + port, 1}, {host_ip(2 * l + 1) + port, 1}},
+                     opt_.deterministic);
+    }
+    const std::string cfg = lab_.write("leaf" + std::to_string(l) + ".yaml", y.str());
+    switches_.push_back(&start_switch("leaf" + std::to_string(l), cfg,
+                                      {af_packet_vdev(0, 2 * l), af_packet_vdev(1, 2 * l + 1),
+                                       "--vdev=net_memif0,role=client,id=" + std::to_string(l) +
+                                           ",socket=" + d + "/memif.sock" + bsize}));
+  }
+  std::ostringstream y;
+  y << "name: spine\ndata: " << spine_data << "\nports:\n"
+    << port_yaml("net_memif0", "10.2.0.2/30", opt_.spine_loss, opt_.mtu)
+    << port_yaml("net_memif1", "10.2.1.2/30", opt_.spine_loss, opt_.mtu) << "seed: 13\n";
+  if (static_trees) {
+    y << tree_yaml("root", "", 0, {{"10.0.0.1:47110", 2}, {"10.0.0.2:47110", 2}},
+                   opt_.deterministic);
+  }
+  const std::string cfg = lab_.write("spine.yaml", y.str());
+  // The spine serves both memif links on one socket, told apart by id.
+  switches_.push_back(
+      &start_switch("spine", cfg,
+                    {"--vdev=net_memif0,role=server,id=0,socket=" + d + "/memif.sock" + bsize,
+                     "--vdev=net_memif1,role=server,id=1,socket=" + d + "/memif.sock" + bsize}));
+  return "";
+}
+
 std::string Fabric::start_manager(const std::string& listen) {
-  const std::string topo = lab_.write("topology.yaml", topology_yaml());
+  const std::string topo = lab_.write("topology.yaml", topology_yaml(opt_.shape));
   const std::string port_file = lab_.dir() + "/manager.port";
   std::remove(port_file.c_str());
   std::vector<std::string> argv = {opt_.manager_bin,

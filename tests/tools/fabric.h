@@ -1,12 +1,14 @@
-// The emulated fabric of the integration tests and of the main job: two leaf switches and a
-// spine (treeduce-switch processes, memif between them), four hosts in their own network
-// namespaces on veth pairs to the leaves' net_af_packet ports, and optionally a treeduce-manager.
-// The switches and the manager run in the calling process's namespace, so they meet on
-// 127.0.0.1; hosts reach their leaf by ARP through a default route.
+// The emulated fabric of the integration tests, the main job and the allreduce benchmark: two
+// leaf switches and a spine (treeduce-switch processes, memif between them), four hosts in their
+// own network namespaces on veth pairs to the leaves' net_af_packet ports, and optionally a
+// treeduce-manager. The switches and the manager run in the calling process's namespace, so they
+// meet on 127.0.0.1; hosts reach their leaf by ARP through a default route.
 //
-//   h0 h1 -- leaf0 (10.0.0.1) --memif--+
-//                                      spine (10.0.0.3)
-//   h2 h3 -- leaf1 (10.0.0.2) --memif--+
+//   two_level:  h0 h1 -- leaf0 (10.0.0.1) --memif--+
+//                                                  spine (10.0.0.3)
+//               h2 h3 -- leaf1 (10.0.0.2) --memif--+
+//
+//   one_leaf:   h0 h1 h2 h3 -- leaf0 (10.0.0.1)   (the tree a 4-host job gets under one ToR)
 #pragma once
 
 #include <cstdint>
@@ -17,12 +19,33 @@
 
 namespace treeduce::testing {
 
+enum class FabricShape { two_level, one_leaf };
+/// How the host ranks reach their leaf: kernel UDP sockets over a veth pair to the leaf's
+/// net_af_packet port, or libtreeduce's DPDK transport on a memif link (kernel bypass, as RDMA
+/// hosts do; only with one_leaf).
+enum class HostTransport { udp, dpdk };
+
 struct FabricOptions {
   std::string switch_bin;       ///< treeduce-switch
   std::string manager_bin;      ///< treeduce-manager; empty: static trees in the switches' configs
   double leaf_uplink_loss = 0;  ///< rx_loss on each leaf's memif port (RESULTs coming down)
   double spine_loss = 0;        ///< rx_loss on the spine's memif ports (partials going up)
   double host_port_loss = 0;    ///< rx_loss on the leaves' host ports (CONTRIBs from hosts)
+  FabricShape shape = FabricShape::two_level;
+  /// MTU of every data link (the hosts' veth pairs, the switches' af_packet and memif ports):
+  /// above 1500 a treeduce payload of up to 8 KiB fits in one frame. At most 8400 (the
+  /// switch's af_packet ring frames are as large as its mbufs).
+  int mtu = 1500;
+  HostTransport host_transport = HostTransport::udp;
+  /// Kernel UDP hosts send with UDP GSO (TREEDUCE_UDP_GSO=1), their veth segmenting in software
+  /// as a NIC with USO would in hardware.
+  bool host_gso = false;
+  /// The window and payload each rank asks the manager for (TREEDUCE_SLOTS,
+  /// TREEDUCE_PAYLOAD_BYTES); 0 = libtreeduce's defaults.
+  std::uint32_t slots = 0;
+  std::uint32_t payload_bytes = 0;
+  /// The ranks' first retransmission timeout (TREEDUCE_RTO_US); 0 = libtreeduce's (1 ms).
+  std::uint32_t rto_us = 0;
   /// Static trees only (with a manager, the job asks for it).
   bool deterministic = false;
   /// Datapath lcores of each switch (both ends of a memif link need the same number of queues).
@@ -63,11 +86,12 @@ class Fabric {
   static std::string host_ip(int h) { return "10.1." + std::to_string(h) + ".1"; }
   /// Host h's address on the management network.
   static std::string host_mgmt_ip(int h) { return "198.18.255." + std::to_string(10 + h); }
+  /// Host h's leaf in the two-level shape (in one_leaf it is always 10.0.0.1:47110).
   static std::string leaf_address(int h) {
     return "10.0.0." + std::to_string(h / 2 + 1) + ":47110";
   }
   /// The topology the manager knows (docs/manager.md format): hosts h0..h3.
-  static std::string topology_yaml();
+  static std::string topology_yaml(FabricShape shape = FabricShape::two_level);
   const std::string& host_netns(int h) const { return hosts_.at(static_cast<std::size_t>(h)); }
   /// "address:port" of the manager ("" without one): 127.0.0.1, or the management bridge's.
   std::string manager_address() const;
@@ -75,7 +99,7 @@ class Fabric {
   /// address and port, the host-side fallback's store and management address. Put the program
   /// and its arguments after it and spawn it in host_netns(h).
   std::vector<std::string> rank_env(int h, const std::string& job) const;
-  /// leaf0, leaf1, spine.
+  /// leaf0, leaf1, spine (two_level) or leaf0 (one_leaf).
   const std::vector<Proc*>& switches() const { return switches_; }
   /// Where switch i writes its final counters (Prometheus text) when it stops.
   std::string final_stats(std::size_t i) const;
@@ -84,6 +108,13 @@ class Fabric {
   Proc& start_switch(const std::string& name, const std::string& cfg,
                      const std::vector<std::string>& vdevs);
   std::string start_manager(const std::string& listen);
+  std::string start_two_level(bool static_trees);
+  std::string start_one_leaf(bool static_trees);
+  std::string af_packet_vdev(int index, int h) const;
+  /// The memif vdev arguments of a host's link to the leaf, both ends (after id=).
+  std::string host_memif_args() const;
+  static std::string host_mac(int h) { return "02:7d:00:00:01:0" + std::to_string(h); }
+  static std::string leaf_port_mac(int h) { return "02:7d:00:00:00:0" + std::to_string(h); }
   std::string port_if(int h) const { return lab_.prefix() + "p" + std::to_string(h); }
 
   Lab& lab_;

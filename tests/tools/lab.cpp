@@ -125,7 +125,7 @@ bool Lab::attach(const std::string& dev, const std::string& br) {
 }
 
 int Lab::in(const std::string& ns, const std::string& cmd) {
-  return sh("ip netns exec " + ns + " " + cmd);
+  return sh(ns.empty() ? cmd : "ip netns exec " + ns + " " + cmd);
 }
 
 Proc& Lab::spawn(const std::string& name, const std::string& ns,

@@ -47,7 +47,7 @@ class Lab {
   bool bridge(const std::string& name, const std::string& cidr);
   /// Puts interface `dev` of this process's namespace on bridge `br`.
   bool attach(const std::string& dev, const std::string& br);
-  /// Runs `cmd` inside namespace `ns` (ip netns exec); returns its exit status.
+  /// Runs `cmd` inside namespace `ns` (ip netns exec; "" is this one); returns its exit status.
   int in(const std::string& ns, const std::string& cmd);
 
   /// Starts argv inside namespace `ns` (empty: this one); output goes to <dir>/<name>.log.

@@ -1,0 +1,109 @@
+// treeduce-fabric, the main job's and the benchmark's fabric, as a user runs it (the built
+// binary): one leaf switch with jumbo frames and 8 KiB payloads, kernel UDP hosts with GSO and
+// kernel-bypass hosts (libtreeduce's DPDK transport on memif), and treeduce-perf's Gloo and
+// Open MPI baselines launched by mpirun inside the host namespaces. Every row must be verified on
+// every backend and treeduce's must have gone through the switch. Needs root (namespaces).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+namespace {
+
+struct Outcome {
+  int status = -1;
+  std::string output;
+};
+
+Outcome run(const std::string& args) {
+  Outcome r;
+  const std::string cmd = std::string(TREEDUCE_FABRIC_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+std::vector<nlohmann::json> rows(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+class BenchFabric : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+    char tmpl[] = "/tmp/treeduce-benchfab-XXXXXX";
+    ASSERT_NE(mkstemp(tmpl), -1);
+    json_ = tmpl;
+  }
+  void TearDown() override {
+    if (!json_.empty()) std::remove(json_.c_str());
+  }
+  std::string json_;
+};
+
+// Every row of `path`: in the network, right on every backend in `backends`.
+void expect_verified(const std::vector<nlohmann::json>& rs, std::size_t want_rows,
+                     const std::set<std::string>& backends) {
+  ASSERT_EQ(rs.size(), want_rows);
+  for (const nlohmann::json& r : rs) {
+    SCOPED_TRACE(r.dump());
+    EXPECT_EQ(r["ranks"], 4);
+    EXPECT_EQ(r["treeduce"]["path"], "network");
+    EXPECT_EQ(r["treeduce"]["wrong"], 0);
+    EXPECT_EQ(r["treeduce"]["fallbacks"], 0);
+    for (const std::string& b : backends) {
+      ASSERT_TRUE(r.contains(b));
+      EXPECT_EQ(r[b]["wrong"], 0);
+      EXPECT_GT(r[b]["time_us"].get<double>(), 0);
+    }
+  }
+}
+
+TEST_F(BenchFabric, KernelBypassHostsWithGlooAndMpiBaselinesUnderMpirun) {
+  const Outcome r =
+      run("--topology leaf --hosts dpdk --mtu 8300 --payload 8192 --slots 64 "
+          "--rto-us 10000 --compare gloo,mpi --json-out " +
+          json_ + " -- -b 4096 -e 65536 -f 16 -d f32,bf16 -o sum,max -n 2 -w 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("every allreduce verified"), std::string::npos) << r.output;
+  expect_verified(rows(json_), 2 * 2 * 2, {"gloo", "mpi"});
+}
+
+TEST_F(BenchFabric, JumboUdpHostsWithGso) {
+  // 8 KiB payloads in one frame: a datagram too long for a link would fail the send and the
+  // rows would have fallen back to the hosts.
+  const Outcome r =
+      run("--topology leaf --mtu 8300 --payload 8192 --slots 64 --gso --compare gloo "
+          "--json-out " +
+          json_ + " -- -b 4096 -e 1048576 -f 16 -d f32,e4m3 -o sum -n 2 -w 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  expect_verified(rows(json_), 3 * 2, {"gloo"});
+}
+
+TEST_F(BenchFabric, RefusesWhatItCannotBuild) {
+  Outcome r = run("--topology two-level --hosts dpdk");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--hosts dpdk needs --topology leaf"), std::string::npos) << r.output;
+  r = run("--mtu 9000");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--mtu"), std::string::npos) << r.output;
+  r = run("--hosts rdma");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--hosts"), std::string::npos) << r.output;
+}
+
+}  // namespace
