@@ -54,6 +54,7 @@ class DpdkTransport final : public Transport {
   static constexpr std::size_t kBatch = 64;
 
   ~DpdkTransport() override {
+    release_held();
     if (started_) {
       // Free what is still queued for us (on a loopback PMD that includes our own TX mbufs) before
       // the pools go away.
@@ -262,24 +263,41 @@ class DpdkTransport final : public Transport {
     return {};
   }
 
-  // One pass over the RX queue: up to kBatch datagrams for us, copied out of their mbufs, which
-  // are freed at once.
+  // The mbufs whose data the last receive() returned: they stay ours until the next one.
+  void release_held() {
+    if (nheld_ != 0) rte_pktmbuf_free_bulk(held_.data(), static_cast<unsigned>(nheld_));
+    nheld_ = 0;
+  }
+
+  // One pass over the RX queue: up to kBatch datagrams for us. A datagram in one segment is
+  // returned where it lies, its mbuf kept until the next receive() (the engine copies the
+  // payload to the caller's buffer: one copy instead of two); a chained one is copied out.
   std::size_t poll() {
+    release_held();
     std::size_t out = 0;
     std::array<rte_mbuf*, kRxBurst> m{};
     while (out < kBatch) {
       const auto want = static_cast<std::uint16_t>(std::min<std::size_t>(kRxBurst, kBatch - out));
       const std::uint16_t k = rte_eth_rx_burst(port_, 0, m.data(), want);
       for (std::uint16_t i = 0; i < k; ++i) {
-        if (take(m[i], out)) ++out;
+        if (!take(m[i], out)) {
+          rte_pktmbuf_free(m[i]);
+          continue;
+        }
+        if (m[i]->nb_segs == 1) {
+          held_[nheld_++] = m[i];
+        } else {
+          rte_pktmbuf_free(m[i]);
+        }
+        ++out;
       }
-      if (k != 0) rte_pktmbuf_free_bulk(m.data(), k);
       if (k < want) break;
     }
     return out;
   }
 
-  // Parse one frame; when it is a datagram from the leaf switch, copy it into slot `out`.
+  // Parse one frame; when it is a datagram from the leaf switch, point slot `out` at it (one
+  // segment) or copy it there (chained).
   bool take(const rte_mbuf* mb, std::size_t out) {
     const std::uint32_t len = rte_pktmbuf_pkt_len(mb);
     const std::uint8_t* frame;
@@ -298,10 +316,15 @@ class DpdkTransport final : public Transport {
       ++stats_.foreign;
       return false;
     }
-    std::uint8_t* d = rx_buf_.data() + out * datagram_bytes_;
-    dp::store_header(d, ps.td);
-    std::memcpy(d + sizeof(dp::TdHdr), ps.payload, ps.payload_len);
-    rx_out_[out] = {d, sizeof(dp::TdHdr) + ps.payload_len};
+    if (mb->nb_segs == 1) {
+      // The wire header sits right before the payload (after any IP options).
+      rx_out_[out] = {ps.payload - sizeof(dp::TdHdr), sizeof(dp::TdHdr) + ps.payload_len};
+    } else {
+      std::uint8_t* d = rx_buf_.data() + out * datagram_bytes_;
+      dp::store_header(d, ps.td);
+      std::memcpy(d + sizeof(dp::TdHdr), ps.payload, ps.payload_len);
+      rx_out_[out] = {d, sizeof(dp::TdHdr) + ps.payload_len};
+    }
     ++stats_.received;
     return true;
   }
@@ -314,7 +337,9 @@ class DpdkTransport final : public Transport {
   rte_mempool* tx_pool_ = nullptr;
   rte_mempool* rx_pool_ = nullptr;
   std::atomic<bool> wake_{false};
-  std::uint64_t idle_polls_ = 0;  // empty polls in receive(): every 16th yields the CPU
+  std::uint64_t idle_polls_ = 0;          // empty polls in receive(): every 16th yields the CPU
+  std::array<rte_mbuf*, kBatch> held_{};  // see release_held()
+  std::size_t nheld_ = 0;
   TransportStats stats_;
   std::vector<std::uint8_t> rx_buf_;   // kBatch datagrams of datagram_bytes_
   std::vector<std::uint8_t> scratch_;  // a chained frame, made contiguous
