@@ -15,12 +15,14 @@
 # OUT is ${TREEDUCE_BENCH_OUT:-build/bench-report}, made afresh (an existing OUT is replaced only if
 # an earlier run of this script made it). --quick: a smoke run (sizes up to 1 MiB, 5 iterations,
 # one short switch benchmark round). --reps: the switch benchmark's undisturbed runs per row
-# (default 3). --hosts: how treeduce's ranks reach the switch: udp (default; kernel sockets on the
-# same veth pairs as Gloo and MPI's TCP) or dpdk (libtreeduce's DPDK transport on memif: kernel
-# bypass; leaf only). The fabric runs with jumbo frames (MTU 8300, 8 KiB payloads), a 64-slot
-# window, UDP GSO and a 10 ms first retransmission timeout (docs/performance.md says why).
-# --no-build: use the binaries as they are. The fabric needs root: the script runs
-# it with sudo when it is not root. Environment: TREEDUCE_BUILD_DIR (default build),
+# (default 3). --hosts: how treeduce's ranks reach the switch: udp (default; kernel UDP sockets on
+# veth pairs to the switch's af_packet ports) or dpdk (libtreeduce's DPDK transport on memif:
+# kernel bypass; leaf only). Gloo and MPI always use kernel TCP on the hosts' management network
+# (veth pairs on a Linux bridge). The fabric runs with jumbo frames (MTU 8300, 8 KiB payloads), a
+# 64-slot window, UDP GSO and a 10 ms first retransmission timeout (docs/performance.md says why).
+# --no-build: use the binaries as they are. The fabric needs root: the script runs it with sudo
+# when it is not root. Environment: TREEDUCE_BUILD_DIR (default build, a release build; when build
+# exists with another build type, build-bench),
 # TREEDUCE_SWITCHD_ARGS (more switch benchmark options, e.g. "--payloads 1024 --fanins 8").
 # Exit status: 0 when every run exited 0 and every result was verified (wrong = 0), whether or not
 # the targets were met (report.md says MET or MISSED); 1 when anything failed, 2 on bad usage.
@@ -39,8 +41,8 @@ switchd=1
 report_only=""
 topology=leaf
 hosts=udp
-reps=""
 builddir=${TREEDUCE_BUILD_DIR:-build}
+reps=""
 out=${TREEDUCE_BENCH_OUT:-$builddir/bench-report}
 perf_args=()
 invocation="scripts/bench.sh $*"
@@ -132,13 +134,14 @@ def get(r, impl, key):
     x = v.get(key)
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
+def in_network(r):
+    t = r.get("treeduce")
+    return isinstance(t, dict) and t.get("path") == "network"
+
 def speedup(r, impl):
-    s = get(r, impl, "speedup")
-    if s is None:
-        t, b = get(r, "treeduce", "time_us"), get(r, impl, "time_us")
-        if t and b:
-            s = b / t
-    return s
+    # Only what treeduce-perf computed, and only for rows reduced in the network: a host-side
+    # or failed treeduce row is no figure of in-network reduction.
+    return get(r, impl, "speedup") if in_network(r) else None
 
 # A full run asked for both baselines (--compare gloo,mpi): a missing one is a failure.
 missing = {}
@@ -239,7 +242,7 @@ for c, rs in by_combo.items():
     pts, ok, measured = [], True, bool(big)
     for r in big:
         a, b = get(r, "treeduce", "algbw_GBps"), get(r, "gloo", "algbw_GBps")
-        if a is None or not b:
+        if a is None or not b or not in_network(r):
             measured = False
             continue
         ok = ok and a >= 2 * b
@@ -251,7 +254,7 @@ for c, rs in by_combo.items():
     pts, ok, measured = [], True, bool(small)
     for r in small:
         a, b = get(r, "treeduce", "time_us"), get(r, "gloo", "time_us")
-        if a is None or not b:
+        if a is None or not b or not in_network(r):
             measured = False
             continue
         ok = ok and a <= 0.5 * b
@@ -417,11 +420,24 @@ fi
 . scripts/deps.sh
 treeduce_install_deps
 
+# Benchmarks want a release build; an existing build directory is never reconfigured (scripts/
+# test.sh and people use it): one of another build type is left alone for build-bench.
+buildtype_of() {
+  python3 -c 'import json, sys
+print(next(o["value"] for o in json.load(open(sys.argv[1] + "/meson-info/intro-buildoptions.json"))
+           if o["name"] == "buildtype"))' "$1" 2>/dev/null || echo unknown
+}
+if [ -f "$builddir/build.ninja" ] && [ "$(buildtype_of "$builddir")" != release ]; then
+  if [ -n "${TREEDUCE_BUILD_DIR:-}" ]; then
+    echo "bench.sh: $builddir is a $(buildtype_of "$builddir") build; benchmarks need release" >&2
+    exit 2
+  fi
+  echo "bench.sh: $builddir is a $(buildtype_of "$builddir") build; using build-bench" >&2
+  builddir=build-bench
+fi
 if [ "$build" -eq 1 ]; then
-  if [ -f "$builddir/build.ninja" ]; then
-    meson configure "$builddir" -Dbuildtype=release -Dtests=true -Dbenchmarks=true >/dev/null
-  else
-    meson setup "$builddir" -Dbuildtype=release >/dev/null
+  if [ ! -f "$builddir/build.ninja" ]; then
+    meson setup "$builddir" -Dbuildtype=release -Dtests=true -Dbenchmarks=true >/dev/null
   fi
   ninja -C "$builddir" bench/treeduce-fabric host/treeduce-perf dataplane/switchd/treeduce-switch \
     control/treeduce-manager bench/treeduce-bench-switchd >/dev/null

@@ -14,6 +14,7 @@
 #include <mpi.h>
 
 #include <array>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -89,6 +90,10 @@ class MpiBaseline final : public Baseline {
     const MPI_Op mop = native
                            ? native_op(op)
                            : user_[static_cast<std::size_t>(dtype)][static_cast<std::size_t>(op)];
+    if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      return "MPI_Allreduce counts elements in an int: " + std::to_string(count) +
+             " elements are too many.";
+    }
     const int rc = MPI_Allreduce(send, recv, static_cast<int>(count), type, mop, MPI_COMM_WORLD);
     if (rc == MPI_SUCCESS) return "";
     return "MPI_Allreduce of " + std::to_string(count) + " " + std::string(treeduce::name(dtype)) +
@@ -106,8 +111,17 @@ std::unique_ptr<Baseline> make_mpi_baseline(std::uint32_t rank, std::uint32_t wo
   int initialised = 0;
   MPI_Initialized(&initialised);
   if (!initialised) {
-    if (MPI_Init(nullptr, nullptr) != MPI_SUCCESS) {
-      *error = "MPI_Init failed.";
+    // Only the main thread calls MPI, but the process has others (libtreeduce's progress
+    // thread, Gloo's): say so.
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      *error = "MPI_Init_thread failed.";
+      return nullptr;
+    }
+    if (provided < MPI_THREAD_FUNNELED) {
+      *error =
+          "This MPI provides no MPI_THREAD_FUNNELED, which a process with other threads needs.";
+      MPI_Finalize();
       return nullptr;
     }
     g_we_initialised = true;

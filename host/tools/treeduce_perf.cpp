@@ -230,19 +230,23 @@ std::string json_number(bool have, int decimals, double v) {
 // The JSON object of a row (docs/host.md, "treeduce-perf"): the same for --json and --json-out.
 std::string json_row(const Row& r, const std::vector<Outcome>& outs) {
   const Outcome& td = outs[0];
-  char head[512];
+  // A treeduce that failed on any rank has no figures: its loop stopped early.
+  const bool td_ok = usable(td) && td.timing.mean_us > 0;
+  const double td_bw = algbw(r, td.timing);
+  char head[256];
   std::snprintf(head, sizeof head,
                 "{\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"op\":\"%s\",\"ranks\":%u,"
-                "\"iters\":%d,\"warmup\":%d,\"treeduce\":{\"time_us\":%.3f,\"min_us\":%.3f,"
-                "\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,\"path\":\"%s\",\"wrong\":%d,"
-                "\"fallbacks\":%llu,\"retransmits\":%llu}",
+                "\"iters\":%d,\"warmup\":%d,\"treeduce\":{",
                 r.nbytes, r.count, name(r.dtype).data(), name(r.op).data(), r.world, r.iters,
-                r.warmup, td.timing.mean_us, td.timing.min_us, algbw(r, td.timing),
-                algbw(r, td.timing) * tree_bus(r.world), r.path, td.wrong,
-                static_cast<unsigned long long>(r.fallbacks),
-                static_cast<unsigned long long>(r.retransmits));
+                r.warmup);
   std::string s = head;
-  const bool td_ok = usable(td) && td.timing.mean_us > 0;
+  s += "\"time_us\":" + json_number(td_ok, 3, td.timing.mean_us) +
+       ",\"min_us\":" + json_number(td_ok, 3, td.timing.min_us) +
+       ",\"algbw_GBps\":" + json_number(td_ok, 4, td_bw) +
+       ",\"busbw_GBps\":" + json_number(td_ok, 4, td_bw * tree_bus(r.world)) + ",\"path\":\"" +
+       r.path + "\",\"wrong\":" + std::to_string(td.wrong) +
+       ",\"fallbacks\":" + std::to_string(r.fallbacks) +
+       ",\"retransmits\":" + std::to_string(r.retransmits) + "}";
   for (std::size_t i = 1; i < outs.size(); ++i) {
     const Outcome& b = outs[i];
     const bool ok = usable(b);
@@ -372,7 +376,6 @@ class Sweep {
         return b ? b->allreduce(send_.data(), recv_.data(), count, d, op)
                  : "It failed earlier in the run, so it is not used again.";
       }));
-      if (!outs.back().timing.error.empty()) dead_[i] = true;
     }
     for (std::size_t i = 0; i < outs.size(); ++i) {
       accounts_[i].own_wrong += static_cast<std::uint64_t>(outs[i].wrong);
@@ -383,6 +386,11 @@ class Sweep {
     for (std::size_t i = 0; i < outs.size(); ++i) {
       accounts_[i].all_wrong += static_cast<std::uint64_t>(outs[i].wrong);
       accounts_[i].all_failed += static_cast<std::uint64_t>(outs[i].failed);
+    }
+    // A baseline that failed on any rank is dropped on every rank, from the summed counts that
+    // every rank has: one rank leaving a collective the others still call would hang them.
+    for (std::size_t i = 0; i < baselines_.size(); ++i) {
+      if (outs[i + 1].failed != 0) dead_[i] = true;
     }
     if (rank != 0) return;
     // The path this row took, from the counters (the path now may differ after a fallback).

@@ -67,6 +67,11 @@ std::vector<std::string> child_env(const std::vector<std::string>& extra) {
     if (v.rfind("TREEDUCE_", 0) == 0 || v.rfind("RANK=", 0) == 0 ||
         v.rfind("WORLD_SIZE=", 0) == 0 || v.rfind("OMPI_COMM_WORLD_", 0) == 0)
       continue;
+    // A variable `extra` sets replaces ours (getenv finds the first of two).
+    const std::string name = v.substr(0, v.find('=') + 1);
+    if (std::any_of(extra.begin(), extra.end(),
+                    [&](const std::string& x) { return x.rfind(name, 0) == 0; }))
+      continue;
     env.push_back(v);
   }
   env.insert(env.end(), extra.begin(), extra.end());
@@ -295,7 +300,7 @@ TEST(PerfCompare, GlooAndMpiUnderMpirun) {
       words(
           "--allow-run-as-root --oversubscribe -np 4 --mca btl tcp,self "
           "--mca btl_tcp_if_include lo -x TREEDUCE_JOB -x TREEDUCE_PATH "
-          "-x TREEDUCE_FALLBACK_STORE");
+          "-x TREEDUCE_FALLBACK_STORE -x ASAN_OPTIONS");
   Child c = spawn(
       mpirun + std::vector<std::string>{TREEDUCE_PERF_BIN} +
           words("-b 1024 -e 65536 -f 64 -d f32,f16,bf16,e4m3,e5m2,i32 -o sum,min,max -n 2 -w 1 "
@@ -303,7 +308,12 @@ TEST(PerfCompare, GlooAndMpiUnderMpirun) {
                 jsonl),
       child_env({"TREEDUCE_JOB=" + unique_job("mpi"), "TREEDUCE_PATH=host",
                  "TREEDUCE_FALLBACK_STORE=" + dir.path() + "/store", "OMPI_ALLOW_RUN_AS_ROOT=1",
-                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"}),
+                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                 // In the sanitizer build: Open MPI 4.1 leaves allocations at MPI_Finalize and
+                 // unloads the components that made them, so LeakSanitizer can neither be
+                 // satisfied nor told whose they are. Memory errors are still caught, and
+                 // treeduce-perf's own leaks by the test without MPI above.
+                 "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1"}),
       dir.path() + "/mpirun");
   ASSERT_TRUE(wait_for(c, std::chrono::seconds(400))) << logs(c);
   ASSERT_EQ(c.status, 0) << logs(c);
