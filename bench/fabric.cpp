@@ -108,11 +108,19 @@ int main(int argc, char** argv) {
   app.add_option("--mtu", fo.mtu, "MTU of the data links (jumbo: 8300 carries 8 KiB payloads)")
       ->check(CLI::Range(1500, 8400))
       ->capture_default_str();
+  // What libtreeduce accepts (docs/host.md), checked here before a fabric is brought up for it.
+  const CLI::Validator pow2_or_0(
+      [](std::string& v) {
+        const unsigned long x = std::strtoul(v.c_str(), nullptr, 10);
+        return x == 0 || (x & (x - 1)) == 0 ? std::string() : "must be 0 or a power of two";
+      },
+      "0 or a power of two");
   app.add_option("--slots", fo.slots, "window each rank asks for (0: libtreeduce's default)")
-      ->check(CLI::Range(0, 4096));
+      ->check(CLI::Range(0, 4096) & pow2_or_0);
   app.add_option("--payload", fo.payload_bytes,
-                 "payload bytes per packet each rank asks for (0: libtreeduce's default)")
-      ->check(CLI::Range(0, 8192));
+                 "payload bytes per packet each rank asks for, 256 to 8192 (0: libtreeduce's "
+                 "default)")
+      ->check((CLI::Range(256, 8192) | CLI::IsMember({0})) & pow2_or_0);
   app.add_option("--rto-us", fo.rto_us,
                  "the ranks' first retransmission timeout (0: libtreeduce's, 1 ms)")
       ->check(CLI::Range(0, 128000));
@@ -145,12 +153,17 @@ int main(int argc, char** argv) {
   try {
     app.parse(own);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);  // prints the help or the error
+    return rc == 0 ? 0 : 2;
   }
   fo.shape = topology == "leaf" ? FabricShape::one_leaf : FabricShape::two_level;
   fo.host_transport = hosts == "dpdk" ? HostTransport::dpdk : HostTransport::udp;
   if (fo.host_transport == HostTransport::dpdk && fo.shape != FabricShape::one_leaf) {
     std::fprintf(stderr, "treeduce-fabric: --hosts dpdk needs --topology leaf.\n");
+    return 2;
+  }
+  if (fo.host_transport == HostTransport::dpdk && fo.host_gso) {
+    std::fprintf(stderr, "treeduce-fabric: --gso is for kernel UDP hosts, not --hosts dpdk.\n");
     return 2;
   }
   const bool mpi = compare.find("mpi") != std::string::npos;

@@ -292,7 +292,6 @@ std::string Switch::Impl::setup_ports() {
     // configure() sets the MTU it is given, and 0 means 1500: keep the port's own unless told.
     std::uint16_t mtu = static_cast<std::uint16_t>(pc.mtu);
     if (mtu == 0 && rte_eth_dev_get_mtu(p.id, &mtu) != 0) mtu = RTE_ETHER_MTU;
-    conf.rxmode.mtu = mtu;
     conf.rxmode.mtu = dp::configurable_mtu(info.driver_name, info.max_rx_pktlen, mtu);
     if (conf.rxmode.mtu != mtu) {
       log("port '%s': %s advertises %u-byte frames but carries longer ones: MTU %u configured, "

@@ -317,7 +317,7 @@ class DpdkTransport final : public Transport {
       return false;
     }
     if (mb->nb_segs == 1) {
-      // The wire header sits right before the payload (after any IP options).
+      // The wire header sits right before the payload.
       rx_out_[out] = {ps.payload - sizeof(dp::TdHdr), sizeof(dp::TdHdr) + ps.payload_len};
     } else {
       std::uint8_t* d = rx_buf_.data() + out * datagram_bytes_;

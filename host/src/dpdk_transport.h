@@ -2,9 +2,10 @@
 // udp_transport.h over one DPDK ethdev port, for traffic generators and benchmarks that want the
 // host side out of the kernel.
 //
-// The process initialises the EAL once, before creating a transport, with the port it will use
-// probed, e.g. `rte_eal_init` with `--no-huge -m 512 --no-pci --file-prefix=... --vdev=net_memif0,
-// role=client,socket=/run/td/memif.sock`; the transport never calls rte_eal_init or
+// The EAL is initialised once, before creating a transport, with the port it will use probed,
+// e.g. `--no-huge -m 512 --no-pci --file-prefix=... --vdev=net_memif0,role=client,socket=/run/td/
+// memif.sock`: by the process itself, or by libtreeduce through init_eal_once() when
+// TREEDUCE_DPDK_EAL gives the arguments. The transport itself never calls rte_eal_init or
 // rte_eal_cleanup. It then owns the port exclusively while it lives: it configures one RX and one
 // TX queue, creates its own mbuf pools, starts the port, and on destruction drains and stops the
 // port (it does not close it) and frees its pools.
