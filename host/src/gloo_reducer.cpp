@@ -7,53 +7,21 @@
 // one-level switch does; only the order of a float sum may differ, within the bound of
 // docs/numerics.md. i32 uses the kernels' i32 accumulate (sums wrap, min/max signed).
 //
-// Rendezvous and stale keys. Gloo's connectFullMesh has every rank write one key (its addresses)
-// and read every other rank's. The store is a gloo::rendezvous::FileStore in store_dir behind a
-// PrefixStore keyed by the job name, so concurrent jobs sharing a directory never read each
-// other's keys. A key left from an earlier run of the same job would be read as if it were fresh
-// (its address is dead) and make the new run fail, so no run leaves keys behind: once every rank
-// has connected, a barrier proves every rank has read every key, and then each rank deletes the
-// files it wrote itself (FileStore::getAllKeyFilePaths lists exactly those). A rank whose
-// rendezvous fails deletes its own files too. Only a rank killed during rendezvous can leave a
-// key; the next run of that job then fails with a sentence that names the directory to clear.
-// Deleting only one's own files, never the directory, keeps one rank from erasing a key that a
-// slower rank of the same run has not read yet.
+// Rendezvous: connect_gloo (gloo_connect.cpp), keyed by the job name.
 #include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/device.h>
+#include <gloo/context.h>
 
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <exception>
-#include <filesystem>
-#include <system_error>
 #include <vector>
 
+#include "gloo_connect.h"
 #include "host_reducer.h"
 #include "treeduce/aggregation/kernels.h"
 
 namespace treeduce::host {
 namespace {
-
-// Gloo's reduction function: c = a OP b, where c may be a (or b). The kernels accumulate in
-// place (acc = acc OP payload); SUM, MIN and MAX are commutative bit for bit (docs/numerics.md),
-// so c == b is accumulate(c, a).
-gloo::AllreduceOptions::Func reduce_with(agg::AccumulateFn acc) {
-  return [acc](void* c, const void* a, const void* b, std::size_t n) {
-    if (c == a) {
-      acc(c, b, n);
-    } else if (c == b) {
-      acc(c, a, n);
-    } else {
-      std::memcpy(c, a, n * sizeof(float));  // every accumulator lane is 32 bits
-      acc(c, b, n);
-    }
-  };
-}
 
 class GlooReducer final : public HostReducer {
  public:
@@ -95,7 +63,7 @@ class GlooReducer final : public HostReducer {
     // Gloo reads `send` and writes `recv`; in place it only needs the output.
     if (send != recv) o.setInput(static_cast<T*>(const_cast<void*>(send)), count);
     o.setOutput(static_cast<T*>(recv), count);
-    o.setReduceFunction(reduce_with(acc));
+    o.setReduceFunction(gloo_reduce_32(acc));
     o.setTimeout(timeout_);
     gloo::allreduce(o);
   }
@@ -104,13 +72,6 @@ class GlooReducer final : public HostReducer {
   std::chrono::milliseconds timeout_;
   std::vector<float> wide_;  // binary32 accumulator for the narrow types, reused across calls
 };
-
-void remove_own_keys(gloo::rendezvous::FileStore& store) {
-  for (const std::string& p : store.getAllKeyFilePaths()) {
-    std::error_code ec;  // best effort: a key that is already gone is fine
-    std::filesystem::remove(p, ec);
-  }
-}
 
 }  // namespace
 
@@ -127,36 +88,19 @@ std::unique_ptr<HostReducer> make_gloo_reducer(const HostReducerOptions& opt, st
     return fail("Host-side reduction needs a rendezvous directory shared by all ranks.");
   if (opt.bind_address.empty())
     return fail("Host-side reduction needs an IPv4 address for Gloo's TCP transport.");
-  std::error_code ec;
-  std::filesystem::create_directories(opt.store_dir, ec);
-  if (ec)
-    return fail("Cannot create the rendezvous directory " + opt.store_dir + ": " + ec.message() +
-                ".");
   const auto timeout = std::chrono::milliseconds(opt.timeout_ms);
-  std::unique_ptr<gloo::rendezvous::FileStore> files;
-  try {
-    files = std::make_unique<gloo::rendezvous::FileStore>(opt.store_dir);
-    gloo::rendezvous::PrefixStore store(opt.job, *files);
-    gloo::transport::tcp::attr attr;
-    attr.hostname = opt.bind_address;
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(int(opt.rank), int(opt.world_size));
-    ctx->setTimeout(timeout);
-    ctx->connectFullMesh(store, device);
-    gloo::BarrierOptions b(ctx);
-    b.setTimeout(timeout);
-    gloo::barrier(b);
-    remove_own_keys(*files);
-    return std::make_unique<GlooReducer>(std::move(ctx), timeout);
-  } catch (const std::exception& e) {
-    if (files) remove_own_keys(*files);
+  std::string reason;
+  auto ctx = connect_gloo(
+      {opt.store_dir, opt.job, opt.bind_address, opt.rank, opt.world_size, timeout}, &reason);
+  if (!ctx) {
     return fail("Host-side reduction could not connect rank " + std::to_string(opt.rank) +
                 " of job '" + opt.job + "' to its " + std::to_string(opt.world_size - 1) +
                 " peers within " + std::to_string(opt.timeout_ms) + " ms through " + opt.store_dir +
-                " (" + e.what() +
+                " (" + reason +
                 "); if an earlier run of the job was killed during its rendezvous, delete the "
                 "directory's files and retry.");
   }
+  return std::make_unique<GlooReducer>(std::move(ctx), timeout);
 }
 
 }  // namespace treeduce::host

@@ -7,24 +7,16 @@
 // numerics, so every result is exactly checkable, and if anything it is faster than a scalar loop,
 // which favours Gloo.
 //
-// Rendezvous: a FileStore in the same directory as libtreeduce's host-side reduction, behind a
-// prefix of its own so the two contexts never read each other's keys. As in
-// host/src/gloo_reducer.cpp, once every rank has connected a barrier proves every key was read,
-// and each rank deletes the key files it wrote, so a later run of the same job never reads a
-// stale address.
+// Rendezvous: libtreeduce's own (host/src/gloo_connect.cpp), in the same directory as its
+// host-side reduction, behind a prefix of its own so the two contexts never read each other's
+// keys.
 #include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/device.h>
+#include <gloo/context.h>
 
-#include <cstring>
 #include <exception>
-#include <filesystem>
-#include <system_error>
 #include <vector>
 
+#include "gloo_connect.h"
 #include "perf_baselines.h"
 #include "treeduce/aggregation/kernels.h"
 
@@ -32,21 +24,6 @@ namespace treeduce::perf {
 namespace {
 
 using ReduceFunc = gloo::AllreduceOptions::Func;
-
-// c = a OP b for the 32-bit types, whose accumulator lanes are the elements themselves; c may be
-// a or b. SUM, MIN and MAX are commutative bit for bit (docs/numerics.md), so c == b is c OP a.
-ReduceFunc reduce_32(agg::AccumulateFn acc) {
-  return [acc](void* c, const void* a, const void* b, std::size_t n) {
-    if (c == a) {
-      acc(c, b, n);
-    } else if (c == b) {
-      acc(c, a, n);
-    } else {
-      std::memcpy(c, a, n * 4);
-      acc(c, b, n);
-    }
-  };
-}
 
 // c = narrow(widen(a) OP widen(b)) for the narrow types, through a binary32 scratch buffer (so c
 // may be a or b).
@@ -74,7 +51,7 @@ class GlooBaseline final : public Baseline {
     try {
       switch (dtype_size(dtype)) {
         case 4:
-          run<std::uint32_t>(send, recv, count, reduce_32(acc));
+          run<std::uint32_t>(send, recv, count, host::gloo_reduce_32(acc));
           break;
         case 2:
           run<std::uint16_t>(send, recv, count, reduce_narrow(dtype, acc, &wide_));
@@ -107,49 +84,23 @@ class GlooBaseline final : public Baseline {
   std::vector<float> wide_;  // binary32 scratch of the narrow types' reduce function
 };
 
-void remove_own_keys(gloo::rendezvous::FileStore& store) {
-  for (const std::string& p : store.getAllKeyFilePaths()) {
-    std::error_code ec;  // best effort: a key that is already gone is fine
-    std::filesystem::remove(p, ec);
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<Baseline> make_gloo_baseline(const GlooBaselineOptions& opt, std::string* error) {
-  std::error_code ec;
-  std::filesystem::create_directories(opt.store_dir, ec);
-  if (ec) {
-    *error = "The Gloo baseline cannot create its rendezvous directory " + opt.store_dir + ": " +
-             ec.message() + ".";
-    return nullptr;
-  }
-  std::unique_ptr<gloo::rendezvous::FileStore> files;
-  try {
-    files = std::make_unique<gloo::rendezvous::FileStore>(opt.store_dir);
-    gloo::rendezvous::PrefixStore store(opt.prefix, *files);
-    gloo::transport::tcp::attr attr;
-    attr.hostname = opt.bind_address;
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(opt.rank),
-                                                           static_cast<int>(opt.world_size));
-    ctx->setTimeout(opt.timeout);
-    ctx->connectFullMesh(store, device);
-    gloo::BarrierOptions b(ctx);
-    b.setTimeout(opt.timeout);
-    gloo::barrier(b);
-    remove_own_keys(*files);
-    return std::make_unique<GlooBaseline>(std::move(ctx), opt.timeout);
-  } catch (const std::exception& e) {
-    if (files) remove_own_keys(*files);
+  std::string reason;
+  auto ctx = host::connect_gloo(
+      {opt.store_dir, opt.prefix, opt.bind_address, opt.rank, opt.world_size, opt.timeout},
+      &reason);
+  if (!ctx) {
     *error = "The Gloo baseline could not connect rank " + std::to_string(opt.rank) + " to its " +
              std::to_string(opt.world_size - 1) + " peers on " + opt.bind_address + " through " +
              opt.store_dir + " (prefix " + opt.prefix + ") within " +
-             std::to_string(opt.timeout.count()) + " ms: " + e.what() +
+             std::to_string(opt.timeout.count()) + " ms: " + reason +
              "; if an earlier run was killed during its rendezvous, delete the directory's files "
              "and retry.";
     return nullptr;
   }
+  return std::make_unique<GlooBaseline>(std::move(ctx), opt.timeout);
 }
 
 }  // namespace treeduce::perf
