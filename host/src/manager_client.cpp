@@ -24,7 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <iostream>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 
@@ -33,6 +33,13 @@
 
 namespace treeduce::host {
 namespace {
+
+// One whole line on stderr in one write: the heartbeat threads of several clients in one process
+// (ranks of a test, or of a multi-rank launcher) must not interleave their words.
+void log_line(const std::string& line) {
+  const std::string out = line + "\n";
+  std::fwrite(out.data(), 1, out.size(), stderr);
+}
 
 namespace pb = treeduce::control::v1;
 using Clock = std::chrono::steady_clock;
@@ -153,9 +160,9 @@ class GrpcManagerClient final : public ManagerClient {
     const grpc::Status s = stub_->Leave(&ctx, r, &rep);
     // Unknown job: the manager already dropped it. Never reached: nothing to tell it.
     if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND && reached_)
-      std::cerr << "treeduce: rank " << rank_ << " of job '" << job_
-                << "' could not leave at the Aggregation Manager at " << address_ << ": "
-                << sentence(s.error_message()) << "\n";
+      log_line("treeduce: rank " + std::to_string(rank_) + " of job '" + job_ +
+               "' could not leave at the Aggregation Manager at " + address_ + ": " +
+               sentence(s.error_message()));
   }
 
  private:
@@ -207,10 +214,10 @@ class GrpcManagerClient final : public ManagerClient {
         }
       } else if (!logged_outage && Clock::now() - last_answer > std::chrono::milliseconds(lease)) {
         logged_outage = true;
-        std::cerr << "treeduce: the Aggregation Manager at " << address_
-                  << " has not answered job '" << job_ << "' rank " << rank_ << " for over "
-                  << lease << " ms (" << s.error_message()
-                  << "); the tree stays in use, as the switches work without the manager.\n";
+        log_line("treeduce: the Aggregation Manager at " + address_ + " has not answered job '" +
+                 job_ + "' rank " + std::to_string(rank_) + " for over " + std::to_string(lease) +
+                 " ms (" + s.error_message() +
+                 "); the tree stays in use, as the switches work without the manager.");
       }
     }
   }
