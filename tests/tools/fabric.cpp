@@ -135,6 +135,12 @@ std::string Fabric::up() {
   if (opt_.management_network) {
     const std::string br = lab_.prefix() + "mb";
     manager_ip_ = "198.18.255.1";
+    // Two bridges with this address (another fabric running) would make the hosts' management
+    // traffic go astray, and MPI and Gloo fail in ways that do not say why.
+    if (lab_.in("", "ip -o -4 addr show | grep -q ' 198\\.18\\.255\\.1/'") == 0) {
+      return "198.18.255.1, the management network's address, is already on an interface of this "
+             "machine (`ip -o addr | grep 198.18.255.1`): is another treeduce fabric running?";
+    }
     if (!lab_.bridge(br, manager_ip_ + "/24")) return "cannot create the management bridge.";
     for (int h = 0; h < kHosts; ++h) {
       const std::string end = lab_.prefix() + "m" + std::to_string(h);

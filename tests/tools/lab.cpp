@@ -23,7 +23,32 @@ int sh(const std::string& cmd) {
 
 namespace {
 
-/// Namespaces of earlier runs whose process is gone (a test killed by its timeout): td<pid>...
+/// True for "td<pid>..." when that process is gone: a lab of a run that was killed (a test killed
+/// by its timeout, a SIGKILLed main job) never cleaned up.
+bool stale(const std::string& name) {
+  if (name.rfind("td", 0) != 0) return false;
+  const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + 2));
+  return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+/// Interfaces such a lab left in this namespace: its bridges (its veth ends went with their
+/// namespaces). A stale management bridge would hold the address the next lab's bridge needs.
+void reap_stale_links() {
+  FILE* f = popen("ip -o link show 2>/dev/null", "r");
+  if (f == nullptr) return;
+  char line[512];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    // "5613: td8069m0mb: <...>" or "12: tdv123a0@if11: ..."
+    std::string l(line);
+    const std::size_t a = l.find(": ");
+    if (a == std::string::npos) continue;
+    std::string name = l.substr(a + 2, l.find_first_of(":@", a + 2) - (a + 2));
+    if (stale(name)) sh("ip link del " + name + " 2>/dev/null");
+  }
+  pclose(f);
+}
+
+/// Namespaces of earlier runs whose process is gone.
 void reap_stale_namespaces() {
   FILE* f = popen("ip netns list 2>/dev/null", "r");
   if (f == nullptr) return;
@@ -31,9 +56,7 @@ void reap_stale_namespaces() {
   while (std::fgets(line, sizeof line, f) != nullptr) {
     std::string name(line);
     name = name.substr(0, name.find_first_of(" \n"));
-    if (name.rfind("td", 0) != 0) continue;
-    const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + 2));
-    if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (!stale(name)) continue;
     sh("ip netns pids " + name + " 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del " +
        name + " 2>/dev/null");
   }
@@ -44,6 +67,7 @@ void reap_stale_namespaces() {
 
 Lab::Lab(const std::string& tag) {
   reap_stale_namespaces();
+  reap_stale_links();
   // A counter too: a namespace's deletion frees its veth peers asynchronously, so the next lab of
   // the same process must not reuse the names of this one's interfaces.
   static int labs = 0;
