@@ -91,6 +91,12 @@ int main(int argc, char** argv) {
   double loss = 0;
   std::string topology = "two-level", hosts = "udp", compare, json_out;
   FabricOptions fo{TREEDUCE_SWITCH_BIN, TREEDUCE_MANAGER_BIN};
+  // Defaults: jumbo frames, the protocol's largest payload, a 64-slot window and GSO, the
+  // configuration that is 10x faster than standard frames on this kind of machine
+  // (docs/performance.md); --mtu 1500 gives standard frames and 1 KiB payloads.
+  fo.mtu = 8300;
+  fo.slots = 64;
+  fo.host_gso = true;
   bool keep_logs = false;
   std::vector<std::string> perf_args = {
       "-b", "4096",    "-e", "4194304", "-f", "8", "-d", "f32,bf16,f16,e4m3,e5m2,i32",
@@ -116,11 +122,12 @@ int main(int argc, char** argv) {
       },
       "0 or a power of two");
   app.add_option("--slots", fo.slots, "window each rank asks for (0: libtreeduce's default)")
-      ->check(CLI::Range(0, 4096) & pow2_or_0);
+      ->check(CLI::Range(0, 4096) & pow2_or_0)
+      ->capture_default_str();
   app.add_option("--payload", fo.payload_bytes,
-                 "payload bytes per packet each rank asks for, 256 to 8192 (0: libtreeduce's "
-                 "default)")
-      ->check((CLI::Range(256, 8192) | CLI::IsMember({0})) & pow2_or_0);
+                 "payload bytes per packet each rank asks for, 256 to 8192 (default: the "
+                 "largest that fits the MTU)")
+      ->check(CLI::Range(256, 8192) & pow2_or_0);
   app.add_option("--rto-us", fo.rto_us,
                  "the ranks' first retransmission timeout (0: libtreeduce's, 1 ms)")
       ->check(CLI::Range(0, 128000));
@@ -129,7 +136,8 @@ int main(int argc, char** argv) {
                  "the ranks)")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
-  app.add_flag("--gso", fo.host_gso, "udp hosts send with UDP GSO (segmented by their veth)");
+  app.add_flag("--gso,!--no-gso", fo.host_gso,
+               "udp hosts send with UDP GSO, segmented by their veth (default on)");
   app.add_option("--compare", compare,
                  "also run these on the same ranks, interleaved: gloo (ring), mpi (Open MPI)");
   app.add_option("--json-out", json_out, "rank 0 appends one JSON object per row to this file");
@@ -162,8 +170,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "treeduce-fabric: --hosts dpdk needs --topology leaf.\n");
     return 2;
   }
-  if (fo.host_transport == HostTransport::dpdk && fo.host_gso) {
+  if (fo.host_transport == HostTransport::dpdk && app.count("--gso") != 0) {
     std::fprintf(stderr, "treeduce-fabric: --gso is for kernel UDP hosts, not --hosts dpdk.\n");
+    return 2;
+  }
+  // IPv4 + UDP + the treeduce header around the payload: every datagram goes with DF set.
+  constexpr std::uint32_t kOverhead = 20 + 8 + 32;
+  if (app.count("--payload") == 0) {
+    fo.payload_bytes = 8192;
+    while (fo.payload_bytes + kOverhead > static_cast<std::uint32_t>(fo.mtu)) {
+      fo.payload_bytes /= 2;
+    }
+  } else if (fo.payload_bytes + kOverhead > static_cast<std::uint32_t>(fo.mtu)) {
+    std::fprintf(stderr,
+                 "treeduce-fabric: a %u-byte payload needs an MTU of at least %u; --mtu is %d.\n",
+                 fo.payload_bytes, fo.payload_bytes + kOverhead, fo.mtu);
     return 2;
   }
   const bool mpi = compare.find("mpi") != std::string::npos;
@@ -192,13 +213,16 @@ int main(int argc, char** argv) {
     Fabric fab(lab, fo);
     auto t = std::chrono::steady_clock::now();
     const bool leaf = fo.shape == FabricShape::one_leaf;
+    char loss_text[64] = "";
+    if (loss > 0)
+      std::snprintf(loss_text, sizeof loss_text, ", %g %% loss on every link", loss * 100);
     const bool dpdk = fo.host_transport == HostTransport::dpdk;
     std::printf(
-        "[1/3] fabric: manager, %s, 4 host namespaces (%s, MTU %d)%s ...\n",
+        "[1/3] fabric: manager, %s, 4 host namespaces (%s, MTU %d, %u-byte payloads)%s ...\n",
         leaf ? "leaf0 (treeduce-switch)"
              : "leaf0 + leaf1 + spine (treeduce-switch on memif and af_packet)",
         dpdk ? "libtreeduce's DPDK transport on memif" : "kernel UDP on veth to af_packet", fo.mtu,
-        loss > 0 ? (", " + std::to_string(loss * 100) + " % loss on every link").c_str() : "");
+        fo.payload_bytes, loss_text);
     if (const std::string e = fab.up(); !e.empty()) {
       std::fprintf(stderr, "treeduce-fabric: %s\n", e.c_str());
       return 1;

@@ -505,7 +505,7 @@ fi
 : >"$out/allreduce.jsonl"
 baselines=gloo,mpi
 fabric=("$builddir/bench/treeduce-fabric" --compare "$baselines" --topology "$topology"
-  --hosts "$hosts" --mtu 8300 --payload 8192 --slots 64 --gso --rto-us 10000
+  --hosts "$hosts" --mtu 8300 --payload 8192 --slots 64 --rto-us 10000
   --json-out "$out/allreduce.jsonl" -- "${perf_args[@]}")
 echo "== allreduce: ${fabric[*]}" >&2
 set +e

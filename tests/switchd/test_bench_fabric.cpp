@@ -109,6 +109,9 @@ TEST_F(BenchFabric, RefusesWhatItCannotBuild) {
   r = run("--topology leaf --hosts dpdk --gso");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("--gso is for kernel UDP hosts"), std::string::npos) << r.output;
+  r = run("--mtu 1500 --payload 8192");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("needs an MTU of at least 8252"), std::string::npos) << r.output;
   for (const char* bad : {"--mtu 9000", "--hosts rdma", "--slots 48", "--payload 1000",
                           "--payload 128", "--loss 1.5", "--frobnicate"}) {
     r = run(bad);
