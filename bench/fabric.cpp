@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
       "treeduce-fabric: an emulated fabric (manager, treeduce-switch processes, 4 host ranks in "
       "network namespaces) running treeduce-perf; the main job and the allreduce benchmark"};
   double loss = 0;
-  std::string topology = "two-level", hosts = "udp", compare, json_out;
+  std::string topology = "two-level", hosts = "udp", json_out;
+  std::vector<std::string> baselines;
   FabricOptions fo{TREEDUCE_SWITCH_BIN, TREEDUCE_MANAGER_BIN};
   // Defaults: jumbo frames, the protocol's largest payload, a 64-slot window and GSO, the
   // configuration that is 10x faster than standard frames on this kind of machine
@@ -138,8 +139,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--gso,!--no-gso", fo.host_gso,
                "udp hosts send with UDP GSO, segmented by their veth (default on)");
-  app.add_option("--compare", compare,
-                 "also run these on the same ranks, interleaved: gloo (ring), mpi (Open MPI)");
+  app.add_option("--compare", baselines,
+                 "also run these on the same ranks, interleaved: gloo (ring), mpi (Open MPI)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"gloo", "mpi"}));
   app.add_option("--json-out", json_out, "rank 0 appends one JSON object per row to this file");
   app.add_flag("--keep-logs", keep_logs, "keep the lab directory (logs, configs) afterwards");
   app.set_help_flag("-h,--help", "this help; treeduce-perf's arguments go after --");
@@ -187,7 +190,9 @@ int main(int argc, char** argv) {
                  fo.payload_bytes, fo.payload_bytes + kOverhead, fo.mtu);
     return 2;
   }
-  const bool mpi = compare.find("mpi") != std::string::npos;
+  const bool mpi = std::find(baselines.begin(), baselines.end(), "mpi") != baselines.end();
+  std::string compare;
+  for (const std::string& b : baselines) compare += (compare.empty() ? "" : ",") + b;
   if (!compare.empty()) {
     perf_args.insert(perf_args.begin(), {"--compare", compare});
   }

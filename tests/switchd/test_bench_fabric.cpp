@@ -113,7 +113,7 @@ TEST_F(BenchFabric, RefusesWhatItCannotBuild) {
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("needs an MTU of at least 8252"), std::string::npos) << r.output;
   for (const char* bad : {"--mtu 9000", "--hosts rdma", "--slots 48", "--payload 1000",
-                          "--payload 128", "--loss 1.5", "--frobnicate"}) {
+                          "--payload 128", "--loss 1.5", "--compare gloo,nccl", "--frobnicate"}) {
     r = run(bad);
     EXPECT_EQ(r.status, 2) << bad << "\n" << r.output;
     const std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));

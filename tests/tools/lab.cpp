@@ -31,43 +31,38 @@ bool stale(const std::string& name) {
   return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-/// Interfaces such a lab left in this namespace: its bridges (its veth ends went with their
-/// namespaces). A stale management bridge would hold the address the next lab's bridge needs.
-void reap_stale_links() {
-  FILE* f = popen("ip -o link show 2>/dev/null", "r");
-  if (f == nullptr) return;
+/// The first word of each line `cmd` prints, cut at '@' ("veth0@if12" is veth0).
+std::vector<std::string> first_words(const std::string& cmd) {
+  std::vector<std::string> out;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return out;
   char line[512];
   while (std::fgets(line, sizeof line, f) != nullptr) {
-    // "5613: td8069m0mb: <...>" or "12: tdv123a0@if11: ..."
-    std::string l(line);
-    const std::size_t a = l.find(": ");
-    if (a == std::string::npos) continue;
-    std::string name = l.substr(a + 2, l.find_first_of(":@", a + 2) - (a + 2));
-    if (stale(name)) sh("ip link del " + name + " 2>/dev/null");
+    const std::string l(line);
+    out.push_back(l.substr(0, l.find_first_of(" @\n")));
   }
   pclose(f);
+  return out;
 }
 
-/// Namespaces of earlier runs whose process is gone.
-void reap_stale_namespaces() {
-  FILE* f = popen("ip netns list 2>/dev/null", "r");
-  if (f == nullptr) return;
-  char line[256];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    std::string name(line);
-    name = name.substr(0, name.find_first_of(" \n"));
-    if (!stale(name)) continue;
-    sh("ip netns pids " + name + " 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del " +
-       name + " 2>/dev/null");
+/// What such a lab left: its namespaces, with what still runs in them, and the interfaces of
+/// this namespace, its bridges (its veth ends went with their namespaces). A stale management
+/// bridge would hold the address the next lab's bridge needs.
+void reap_stale_labs() {
+  for (const std::string& ns : first_words("ip netns list 2>/dev/null")) {
+    if (!stale(ns)) continue;
+    sh("ip netns pids " + ns + " 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del " + ns +
+       " 2>/dev/null");
   }
-  pclose(f);
+  for (const std::string& link : first_words("ip -br link show 2>/dev/null")) {
+    if (stale(link)) sh("ip link del " + link + " 2>/dev/null");
+  }
 }
 
 }  // namespace
 
 Lab::Lab(const std::string& tag) {
-  reap_stale_namespaces();
-  reap_stale_links();
+  reap_stale_labs();
   // A counter too: a namespace's deletion frees its veth peers asynchronously, so the next lab of
   // the same process must not reuse the names of this one's interfaces.
   static int labs = 0;
