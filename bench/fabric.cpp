@@ -8,7 +8,8 @@
 // With --compare, treeduce-perf runs Gloo's ring allreduce and/or Open MPI's MPI_Allreduce on the
 // same ranks, interleaved with treeduce's (docs/performance.md). Gloo and MPI go over TCP on the
 // hosts' management network (veth pairs on a Linux bridge); with mpi the ranks are launched by
-// mpirun, whose "rsh agent" enters each host's namespace to start its orted there.
+// mpirun, whose "rsh agent" enters each host's namespace to start its orted there, on a host
+// named after the namespace.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,10 +50,15 @@ std::string quoted(const std::string& w) {
 // Returns mpirun's argv.
 std::vector<std::string> mpirun_argv(Lab& lab, const Fabric& fab,
                                      const std::vector<std::string>& perf) {
-  const std::string agent = lab.write("rsh-agent.sh",
-                                      "#!/bin/sh\n# mpirun's rsh agent: HOST CMD -> CMD inside "
-                                      "network namespace HOST.\nhost=$1; shift\n"
-                                      "exec ip netns exec \"$host\" /bin/sh -c \"$*\"\n");
+  // Each node also gets its own host name (a UTS namespace): orteds that all call themselves by
+  // the machine's name share one session directory (/tmp/ompi.NAME.UID/...), and two of them
+  // starting at once then fail to create it ("File exists") and mpirun gives up on the job.
+  const std::string agent = lab.write(
+      "rsh-agent.sh",
+      "#!/bin/sh\n# mpirun's rsh agent: HOST CMD -> CMD inside network namespace HOST, on a "
+      "host named HOST.\nhost=$1; shift\n"
+      "exec ip netns exec \"$host\" unshare --uts /bin/sh -c "
+      "'hostname \"$1\" && exec /bin/sh -c \"$2\"' rsh-agent \"$host\" \"$*\"\n");
   std::string script = "#!/bin/sh\nns=$(ip netns identify $$)\ncase \"$ns\" in\n";
   std::string hosts;
   for (int h = 0; h < Fabric::kHosts; ++h) {
