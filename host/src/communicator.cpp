@@ -7,6 +7,7 @@
 
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <ctime>
 #include <deque>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -83,12 +85,22 @@ std::string env_str(const char* name) {
   return v != nullptr ? v : "";
 }
 
-std::uint32_t env_u32(const char* name, std::uint32_t fallback) {
+// A whole-number transport variable from `min` to `max`; `fallback` when unset or empty. A
+// malformed or out-of-range value is a sentence in *err (the first one wins) and `fallback`:
+// a typo must not quietly run another configuration than the one asked for.
+std::uint32_t env_u32(const char* name, std::uint32_t fallback, std::uint32_t min,
+                      std::uint32_t max, std::string* err) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const unsigned long x = std::strtoul(v, &end, 10);
-  return *end == '\0' ? static_cast<std::uint32_t>(x) : fallback;
+  const std::string_view s(v);
+  std::uint32_t x = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+  if (ec == std::errc() && p == s.data() + s.size() && x >= min && x <= max) return x;
+  if (err->empty()) {
+    *err = std::string(name) + " is '" + v + "', not a whole number from " + std::to_string(min) +
+           " to " + std::to_string(max);
+  }
+  return fallback;
 }
 
 std::string dtype_op(DType d, ReduceOp op) {
@@ -371,23 +383,23 @@ class CommunicatorImpl final : public Communicator {
       u.port = port();
       u.leaf_address = t.leaf_address;
       u.payload_bytes = t.payload_bytes;
-      u.send_ports = env_u32("TREEDUCE_UDP_SEND_PORTS", 1);
-      u.gso = env_u32("TREEDUCE_UDP_GSO", 0) != 0;
-      u.gro = env_u32("TREEDUCE_UDP_GRO", 1) != 0;
-      transport_ = make_udp_transport(u, &err);
+      u.send_ports = env_u32("TREEDUCE_UDP_SEND_PORTS", 1, 1, 64, &err);
+      u.gso = env_u32("TREEDUCE_UDP_GSO", 0, 0, 1, &err) != 0;
+      u.gro = env_u32("TREEDUCE_UDP_GRO", 1, 0, 1, &err) != 0;
+      if (err.empty()) transport_ = make_udp_transport(u, &err);
 #ifdef TREEDUCE_HAVE_VERBS
     } else if (transport == "verbs") {
       // Raw Ethernet frames on an RDMA NIC: no ARP, so both MACs come from the environment.
       VerbsTransportOptions v;
       v.device = env_str("TREEDUCE_VERBS_DEVICE");
-      v.port_num = static_cast<std::uint8_t>(env_u32("TREEDUCE_VERBS_PORT", 1));
+      v.port_num = static_cast<std::uint8_t>(env_u32("TREEDUCE_VERBS_PORT", 1, 1, 255, &err));
       v.local_address = bind;
       v.port = port();
       v.local_mac = env_str("TREEDUCE_LOCAL_MAC");
       v.leaf_address = t.leaf_address;
       v.leaf_mac = env_str("TREEDUCE_LEAF_MAC");
       v.payload_bytes = t.payload_bytes;
-      transport_ = make_verbs_transport(v, &err);
+      if (err.empty()) transport_ = make_verbs_transport(v, &err);
 #endif
 #ifdef TREEDUCE_HAVE_DPDK
     } else if (transport == "dpdk") {

@@ -526,8 +526,9 @@ TEST(Communicator, NotOffloadableFallsBackPerCall) {
 }
 
 // TREEDUCE_PATH=host: every collective on the hosts, nothing sent to the switch.
-// TREEDUCE_TRANSPORT picks the transport; an unknown one, or ibverbs with no RDMA device (this
-// machine has none), is a sentence on the network path, never a crash.
+// TREEDUCE_TRANSPORT picks the transport; an unknown one, ibverbs with no RDMA device (this
+// machine has none), or a malformed TREEDUCE_UDP_* is a sentence on the network path, never a
+// crash and never a silent default.
 TEST(Communicator, TransportIsChosenByTheEnvironment) {
   FakeSwitch sw({.world = 1});
   Result r = Result::ok;
@@ -544,8 +545,27 @@ TEST(Communicator, TransportIsChosenByTheEnvironment) {
   EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr);
   EXPECT_NE(error.find("verbs transport could not start"), std::string::npos) << error;
 #endif
+  // The transport's own variables are checked too: a typo is a sentence, not another setting.
   setenv("TREEDUCE_TRANSPORT", "udp", 1);
+  for (const auto& [name, value] :
+       {std::pair{"TREEDUCE_UDP_GSO", "yes"}, std::pair{"TREEDUCE_UDP_GRO", "2"},
+        std::pair{"TREEDUCE_UDP_SEND_PORTS", "0"}, std::pair{"TREEDUCE_UDP_SEND_PORTS", "65"},
+        std::pair{"TREEDUCE_UDP_SEND_PORTS", "4 "}}) {
+    setenv(name, value, 1);
+    error.clear();
+    EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr)
+        << name << "=" << value;
+    EXPECT_EQ(r, Result::unavailable);
+    EXPECT_NE(error.find(std::string(name) + " is '" + value + "', not a whole number from"),
+              std::string::npos)
+        << error;
+    unsetenv(name);
+  }
+  setenv("TREEDUCE_UDP_SEND_PORTS", "4", 1);
+  setenv("TREEDUCE_UDP_GRO", "0", 1);
   auto comm = make(sw.options(0, "transport", Path::network));
+  unsetenv("TREEDUCE_UDP_SEND_PORTS");
+  unsetenv("TREEDUCE_UDP_GRO");
   unsetenv("TREEDUCE_TRANSPORT");
   ASSERT_NE(comm, nullptr);
   float x = 2;
