@@ -164,12 +164,31 @@ std::string Fabric::up() {
       !e.empty()) {
     return e;
   }
-  for (Proc* p : switches_) {
-    if (!lab_.wait_log(*p, " ready: ", std::chrono::seconds(30))) {
-      return p->name + " did not start:\n" + Lab::read_log(*p);
-    }
+  for (Proc*& p : switches_) {
+    if (std::string e = wait_ready(&p); !e.empty()) return e;
   }
   return "";
+}
+
+std::string Fabric::wait_ready(Proc** p) {
+  // DPDK 22.11's af_packet PMD puts a port's sockets in PACKET_FANOUT group (pid XOR ifindex)
+  // & 0xffff. Two switches in one network namespace, started one after the other, have close
+  // pids and close ifindexes, so their XORs meet more often than chance would say; the kernel
+  // then refuses the second switch's group (EINVAL: one group, two interfaces), its port is not
+  // probed and it exits. A new process has a new pid: start it again, up to 3 times.
+  for (int attempt = 0;; ++attempt) {
+    if (lab_.wait_log(**p, " ready: ", std::chrono::seconds(30))) return "";
+    const std::string log = Lab::read_log(**p);
+    if (attempt == 3 || !(*p)->done ||
+        log.find("could not set PACKET_FANOUT") == std::string::npos) {
+      return (*p)->name + " did not start:\n" + log;
+    }
+    std::fprintf(stderr, "fabric: %s lost a PACKET_FANOUT group to another switch; again\n",
+                 (*p)->name.c_str());
+    const std::vector<std::string> argv = switch_argv_.at(*p);
+    *p = &lab_.spawn((*p)->name, "", argv);
+    switch_argv_[*p] = argv;
+  }
 }
 
 std::string Fabric::af_packet_vdev(int index, int h) const {
@@ -234,6 +253,24 @@ std::string Fabric::start_two_level(bool static_trees) {
   const std::string spine_data = "10.0.0.3:47110";
   // memif buffers hold a whole jumbo frame (no chained buffers through the ring).
   const std::string bsize = opt_.mtu > 1500 ? ",bsize=16384" : "";
+  // The spine first, and ready (its ports started) before the leaves connect: DPDK's memif
+  // server listens from the EAL's start but refuses a client ("ID not found") until its port is
+  // started, and a refused client never tries again. On a loaded machine the spine's port
+  // set-up can outlast a leaf's start, and the leaf's uplink then stays down for good.
+  std::ostringstream ys;
+  ys << "name: spine\ndata: " << spine_data << "\nports:\n"
+     << port_yaml("net_memif0", "10.2.0.2/30", opt_.spine_loss, opt_.mtu)
+     << port_yaml("net_memif1", "10.2.1.2/30", opt_.spine_loss, opt_.mtu) << "seed: 13\n";
+  if (static_trees) {
+    ys << tree_yaml("root", "", 0, {{"10.0.0.1:47110", 2}, {"10.0.0.2:47110", 2}},
+                    opt_.deterministic);
+  }
+  // The spine serves both memif links on one socket, told apart by id.
+  Proc* spine =
+      &start_switch("spine", lab_.write("spine.yaml", ys.str()),
+                    {"--vdev=net_memif0,role=server,id=0,socket=" + d + "/memif.sock" + bsize,
+                     "--vdev=net_memif1,role=server,id=1,socket=" + d + "/memif.sock" + bsize});
+  if (std::string e = wait_ready(&spine); !e.empty()) return e;
   for (int l = 0; l < 2; ++l) {
     std::ostringstream y;
     y << "name: leaf" << l << "\ndata: 10.0.0." << l + 1 << ":47110\nports:\n"
@@ -256,20 +293,7 @@ std::string Fabric::start_two_level(bool static_trees) {
                                        "--vdev=net_memif0,role=client,id=" + std::to_string(l) +
                                            ",socket=" + d + "/memif.sock" + bsize}));
   }
-  std::ostringstream y;
-  y << "name: spine\ndata: " << spine_data << "\nports:\n"
-    << port_yaml("net_memif0", "10.2.0.2/30", opt_.spine_loss, opt_.mtu)
-    << port_yaml("net_memif1", "10.2.1.2/30", opt_.spine_loss, opt_.mtu) << "seed: 13\n";
-  if (static_trees) {
-    y << tree_yaml("root", "", 0, {{"10.0.0.1:47110", 2}, {"10.0.0.2:47110", 2}},
-                   opt_.deterministic);
-  }
-  const std::string cfg = lab_.write("spine.yaml", y.str());
-  // The spine serves both memif links on one socket, told apart by id.
-  switches_.push_back(
-      &start_switch("spine", cfg,
-                    {"--vdev=net_memif0,role=server,id=0,socket=" + d + "/memif.sock" + bsize,
-                     "--vdev=net_memif1,role=server,id=1,socket=" + d + "/memif.sock" + bsize}));
+  switches_.push_back(spine);  // switches_ is leaf0, leaf1, spine
   return "";
 }
 
@@ -333,12 +357,16 @@ Proc& Fabric::start_switch(const std::string& name, const std::string& cfg,
       argv.push_back(a);
     }
   }
-  return lab_.spawn(name, "", argv);
+  Proc& p = lab_.spawn(name, "", argv);
+  switch_argv_[&p] = argv;
+  return p;
 }
 
 std::vector<int> Fabric::stop() {
   std::vector<int> status;
-  for (Proc* p : switches_) status.push_back(lab_.stop(*p, std::chrono::seconds(10)));
+  // 30 s: on a loaded 2-CPU machine closing a switch's af_packet ports (munmap of the rings)
+  // has been seen to take seconds, and SIGKILL would fail a test that did nothing wrong.
+  for (Proc* p : switches_) status.push_back(lab_.stop(*p, std::chrono::seconds(30)));
   if (manager_ != nullptr) lab_.stop(*manager_);
   return status;
 }

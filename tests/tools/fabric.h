@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,9 @@ class Fabric {
  private:
   Proc& start_switch(const std::string& name, const std::string& cfg,
                      const std::vector<std::string>& vdevs);
+  /// Waits for switch *p's "ready" line, starting it again when DPDK refused its af_packet
+  /// port's PACKET_FANOUT group (*p then points at the new process); "" or what went wrong.
+  std::string wait_ready(Proc** p);
   std::string start_manager(const std::string& listen);
   std::string start_two_level(bool static_trees);
   std::string start_one_leaf(bool static_trees);
@@ -121,6 +125,7 @@ class Fabric {
   FabricOptions opt_;
   std::vector<std::string> hosts_;
   std::vector<Proc*> switches_;
+  std::map<const Proc*, std::vector<std::string>> switch_argv_;  // to start one again
   Proc* manager_ = nullptr;
   std::string manager_ip_ = "127.0.0.1";
   int manager_port_ = 0;
