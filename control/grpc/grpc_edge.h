@@ -18,9 +18,9 @@
 
 namespace treeduce::ctl {
 
-/// ctl::Status -> grpc::Status (the codes share their numbering).
+/// treeduce::Status -> grpc::Status (the codes share their numbering).
 grpc::Status to_grpc(const Status& s);
-/// grpc::Status -> ctl::Status.
+/// grpc::Status -> treeduce::Status.
 Status from_grpc(const grpc::Status& s);
 
 /// Reaches switch agents over gRPC; one channel per agent address, every call bounded by

@@ -9,6 +9,7 @@
 
 #include "treeduce/control/allocator.h"
 
+using namespace treeduce;
 using namespace treeduce::ctl;
 
 namespace {

@@ -15,6 +15,7 @@
 #include "../support/test_support.h"
 #include "fake_agent.h"
 
+using namespace treeduce;
 using namespace treeduce::ctl;
 using treeduce::ctl::testing::FakeSwitchAgent;
 namespace pb = treeduce::control::v1;

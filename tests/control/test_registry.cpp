@@ -12,6 +12,7 @@
 
 #include "treeduce/control/registry.h"
 
+using namespace treeduce;
 using namespace treeduce::ctl;
 
 namespace {

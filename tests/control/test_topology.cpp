@@ -8,6 +8,7 @@
 #include "../support/test_support.h"
 #include "treeduce/control/topology.h"
 
+using namespace treeduce;
 using namespace treeduce::ctl;
 
 namespace {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "treeduce/control/resources.h"
-#include "treeduce/control/status.h"
+#include "treeduce/common/status.h"
 #include "treeduce/control/topology.h"
 
 namespace treeduce::ctl {

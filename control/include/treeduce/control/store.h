@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "treeduce/control/status.h"
+#include "treeduce/common/status.h"
 
 namespace treeduce::ctl {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "treeduce/control/resources.h"
-#include "treeduce/control/status.h"
+#include "treeduce/common/status.h"
 
 namespace treeduce::ctl {
 

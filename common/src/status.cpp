@@ -1,6 +1,6 @@
-#include "treeduce/control/status.h"
+#include "treeduce/common/status.h"
 
-namespace treeduce::ctl {
+namespace treeduce {
 
 std::string_view code_name(Code c) noexcept {
   switch (c) {
@@ -43,4 +43,4 @@ std::string Status::to_string() const {
   return std::string(code_name(code_)) + ": " + message_;
 }
 
-}  // namespace treeduce::ctl
+}  // namespace treeduce

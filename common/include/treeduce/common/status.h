@@ -1,5 +1,11 @@
 /// @file
-/// Results of the manager's control logic: a code and a sentence a person understands.
+/// The one error type of treeduce: a code and a sentence a person understands.
+///
+/// Every component reports failures as a Status (or a Result<T>, a value or the Status that
+/// explains its absence). It is formatted only at the edges: the CLIs and daemons print
+/// to_string() or message(), the gRPC edge casts the code to grpc::StatusCode, libtreeduce's C API
+/// maps it to tdr_result_t and keeps the sentence for tdr_last_error(). The per-packet path does
+/// not use it: a frame that is not used is counted under a protocol::Reason.
 ///
 /// Modelled on absl::Status (whose codes match gRPC's one for one), so the gRPC edge translates
 /// with a cast and nothing below the edge depends on gRPC.
@@ -11,7 +17,7 @@
 #include <utility>
 #include <variant>
 
-namespace treeduce::ctl {
+namespace treeduce {
 
 /// Same numbering as grpc::StatusCode and absl::StatusCode: the edge casts.
 enum class Code : int {
@@ -62,6 +68,9 @@ inline Status failed_precondition(std::string m) {
 }
 inline Status unavailable(std::string m) { return {Code::unavailable, std::move(m)}; }
 inline Status internal_error(std::string m) { return {Code::internal, std::move(m)}; }
+inline Status deadline_exceeded(std::string m) { return {Code::deadline_exceeded, std::move(m)}; }
+inline Status permission_denied(std::string m) { return {Code::permission_denied, std::move(m)}; }
+inline Status unimplemented(std::string m) { return {Code::unimplemented, std::move(m)}; }
 
 /// A value or the Status that explains its absence (absl::StatusOr-like).
 template <typename T>
@@ -85,4 +94,4 @@ class [[nodiscard]] Result {
   std::variant<T, Status> v_;
 };
 
-}  // namespace treeduce::ctl
+}  // namespace treeduce
