@@ -61,7 +61,7 @@ void BM_SwitchCore(benchmark::State& state) {
   tc.payload_bytes = payload;
   tc.deterministic = det;
   for (std::uint16_t c = 0; c < fanin; ++c) tc.children.push_back({ep(100 + c, 5000), 1});
-  if (core.install_tree(tc) != 0) {
+  if (!core.install_tree(tc).ok()) {
     state.SkipWithError("install_tree failed");
     return;
   }
@@ -77,14 +77,14 @@ void BM_SwitchCore(benchmark::State& state) {
       h.version = kProtocolVersion;
       h.opcode = static_cast<std::uint8_t>(Opcode::contrib);
       h.dtype = static_cast<std::uint8_t>(DType::f32);
-      h.tree_id = bswap_be(std::uint16_t{1});
-      h.child = bswap_be(c);
-      h.slot = bswap_be(static_cast<std::uint16_t>(chunk % kSlots));
+      h.tree_id.set(std::uint16_t{1});
+      h.child.set(c);
+      h.slot.set(static_cast<std::uint16_t>(chunk % kSlots));
       h.slot_ver = static_cast<std::uint8_t>((chunk / kSlots) % 2);
-      h.count = bswap_be(static_cast<std::uint16_t>(payload / 4));
-      h.ncontrib = bswap_be(std::uint16_t{1});
-      h.chunk = bswap_be(chunk);
-      h.key = bswap_be(std::uint64_t{42});
+      h.count.set(static_cast<std::uint16_t>(payload / 4));
+      h.ncontrib.set(std::uint16_t{1});
+      h.chunk.set(chunk);
+      h.key.set(std::uint64_t{42});
       build_frame(&frames[(chunk * fanin + c) * flen], tc.children[c].addr, self, h, values.data(),
                   payload);
     }

@@ -380,11 +380,11 @@ class Generator {
       h.opcode = static_cast<std::uint8_t>(Opcode::contrib);
       h.dtype = static_cast<std::uint8_t>(DType::f32);
       h.op = static_cast<std::uint8_t>(ReduceOp::sum);
-      h.tree_id = bswap_be(kTreeId);
-      h.child = bswap_be(static_cast<std::uint16_t>(i));
-      h.count = bswap_be(static_cast<std::uint16_t>(elems_));
-      h.ncontrib = bswap_be(std::uint16_t{1});
-      h.key = bswap_be(kKey);
+      h.tree_id.set(kTreeId);
+      h.child.set(static_cast<std::uint16_t>(i));
+      h.count.set(static_cast<std::uint16_t>(elems_));
+      h.ncontrib.set(std::uint16_t{1});
+      h.key.set(kKey);
       for (std::size_t t = 0; t < kTplPerChild; ++t) {
         rte_mbuf* m = rte_pktmbuf_alloc(tpl_pool_);
         if (m == nullptr) return false;
@@ -524,12 +524,12 @@ class Generator {
     const auto* d = rte_pktmbuf_mtod(m, const std::uint8_t*);
     const TdHdr h = load_header<TdHdr>(d + kTdOff);
     if (h.opcode != static_cast<std::uint8_t>(Opcode::result) ||
-        m->data_len != kFrameHeaderBytes + payload_ || bswap_be(h.count) != elems_ ||
-        bswap_be(h.ncontrib) != fanin_) {
+        m->data_len != kFrameHeaderBytes + payload_ || h.count.get() != elems_ ||
+        h.ncontrib.get() != fanin_) {
       ++c_.bad;
       return;
     }
-    const std::uint32_t c = bswap_be(h.chunk);
+    const std::uint32_t c = h.chunk.get();
     if (c - low_ >= next_ - low_) return;  // a copy of a chunk already acknowledged
     std::uint32_t& g = got_[c % window_];
     if (g == c) return;  // another copy of this chunk

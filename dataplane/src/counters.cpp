@@ -3,16 +3,6 @@
 namespace treeduce::dp {
 
 namespace {
-struct DropInfo {
-  std::string_view name;
-  bool nack;
-  std::string_view desc;
-};
-constexpr DropInfo kDrops[] = {
-#define TREEDUCE_DROP_INFO(n, nack, desc) {#n, nack != 0, desc},
-    TREEDUCE_FOREACH_DROP(TREEDUCE_DROP_INFO)
-#undef TREEDUCE_DROP_INFO
-};
 struct EventInfo {
   std::string_view name;
   std::string_view desc;
@@ -24,18 +14,6 @@ constexpr EventInfo kEvents[] = {
 };
 }  // namespace
 
-std::string_view name(DropReason r) noexcept {
-  const auto i = static_cast<std::size_t>(r);
-  return i < kNumDropReasons ? kDrops[i].name : "?";
-}
-std::string_view description(DropReason r) noexcept {
-  const auto i = static_cast<std::size_t>(r);
-  return i < kNumDropReasons ? kDrops[i].desc : "?";
-}
-bool nacks(DropReason r) noexcept {
-  const auto i = static_cast<std::size_t>(r);
-  return i < kNumDropReasons && kDrops[i].nack;
-}
 std::string_view name(Event e) noexcept {
   const auto i = static_cast<std::size_t>(e);
   return i < kNumEvents ? kEvents[i].name : "?";

@@ -20,11 +20,10 @@ NeighborVerdict answer_arp(const std::uint8_t* frame, std::size_t len, const End
   if (len < sizeof(EtherHdr) + sizeof(ArpHdr)) return NeighborVerdict::malformed;
   const auto eth = load_header<EtherHdr>(frame);
   const auto arp = load_header<ArpHdr>(frame + sizeof(EtherHdr));
-  if (bswap_be(arp.htype) != 1 || bswap_be(arp.ptype) != kEtherTypeIpv4 || arp.hlen != 6 ||
-      arp.plen != 4) {
+  if (arp.htype.get() != 1 || arp.ptype.get() != kEtherTypeIpv4 || arp.hlen != 6 || arp.plen != 4) {
     return NeighborVerdict::malformed;
   }
-  if (bswap_be(arp.oper) != 1 || bswap_be(arp.tpa) != self.ip) return NeighborVerdict::ignored;
+  if (arp.oper.get() != 1 || arp.tpa.get() != self.ip) return NeighborVerdict::ignored;
   // Ethernet frames are at least 60 bytes before the FCS; pad the reply so that drivers that do
   // not pad (net_pcap, net_ring, memif) still put a legal frame on the wire.
   constexpr std::size_t kReplyLen = kArpFrameBytes;
@@ -32,13 +31,13 @@ NeighborVerdict answer_arp(const std::uint8_t* frame, std::size_t len, const End
   EtherHdr reth;
   std::memcpy(reth.dst, eth.src, 6);
   std::memcpy(reth.src, self.mac, 6);
-  reth.ether_type = bswap_be(kEtherTypeArp);
+  reth.ether_type.set(kEtherTypeArp);
   ArpHdr reply = arp;
-  reply.oper = bswap_be(std::uint16_t{2});
+  reply.oper.set(std::uint16_t{2});
   std::memcpy(reply.tha, arp.sha, 6);
   reply.tpa = arp.spa;
   std::memcpy(reply.sha, self.mac, 6);
-  reply.spa = bswap_be(self.ip);
+  reply.spa.set(self.ip);
   std::memset(out, 0, kReplyLen);
   store_header(out, reth);
   store_header(out + sizeof(EtherHdr), reply);
@@ -53,12 +52,12 @@ NeighborVerdict answer_icmp(const std::uint8_t* frame, std::size_t len, const En
   const auto ip = load_header<Ipv4Hdr>(frame + sizeof(EtherHdr));
   if (ip.protocol != kIpProtoIcmp) return NeighborVerdict::not_neighbor;
   if (ip.version_ihl != 0x45 || ipv4_checksum(ip) != 0) return NeighborVerdict::malformed;
-  const std::size_t ip_len = bswap_be(ip.total_length);
+  const std::size_t ip_len = ip.total_length.get();
   if (ip_len < sizeof(Ipv4Hdr) + sizeof(IcmpHdr) || ip_len > len - sizeof(EtherHdr)) {
     return NeighborVerdict::malformed;
   }
-  if ((bswap_be(ip.fragment) & 0x3FFF) != 0) return NeighborVerdict::ignored;  // fragments
-  if (bswap_be(ip.dst_addr) != self.ip) return NeighborVerdict::ignored;
+  if ((ip.fragment.get() & 0x3FFF) != 0) return NeighborVerdict::ignored;  // fragments
+  if (ip.dst_addr.get() != self.ip) return NeighborVerdict::ignored;
   const std::uint8_t* icmp_p = frame + sizeof(EtherHdr) + sizeof(Ipv4Hdr);
   const std::size_t icmp_len = ip_len - sizeof(Ipv4Hdr);
   const auto icmp = load_header<IcmpHdr>(icmp_p);
@@ -71,21 +70,21 @@ NeighborVerdict answer_icmp(const std::uint8_t* frame, std::size_t len, const En
   EtherHdr reth;
   std::memcpy(reth.dst, eth.src, 6);
   std::memcpy(reth.src, self.mac, 6);
-  reth.ether_type = bswap_be(kEtherTypeIpv4);
+  reth.ether_type.set(kEtherTypeIpv4);
   Ipv4Hdr rip = ip;
-  rip.src_addr = bswap_be(self.ip);
+  rip.src_addr.set(self.ip);
   rip.dst_addr = ip.src_addr;
   rip.ttl = 64;
   rip.tos = 0;
-  rip.hdr_checksum = 0;
-  rip.hdr_checksum = bswap_be(ipv4_checksum(rip));
+  rip.hdr_checksum.set(0);
+  rip.hdr_checksum.set(ipv4_checksum(rip));
   std::uint8_t* ricmp = out + sizeof(EtherHdr) + sizeof(Ipv4Hdr);
   std::memcpy(ricmp, icmp_p, icmp_len);  // identifier, sequence and data come back unchanged
   IcmpHdr rhdr = icmp;
   rhdr.type = kIcmpEchoReply;
-  rhdr.checksum = 0;
+  rhdr.checksum.set(0);
   store_header(ricmp, rhdr);
-  rhdr.checksum = bswap_be(inet_checksum(ricmp, icmp_len));
+  rhdr.checksum.set(inet_checksum(ricmp, icmp_len));
   store_header(ricmp, rhdr);
   store_header(out, reth);
   store_header(out + sizeof(EtherHdr), rip);
@@ -99,7 +98,7 @@ NeighborVerdict answer_neighbor(const std::uint8_t* frame, std::size_t len, cons
                                 std::uint8_t* out, std::size_t cap, std::size_t* out_len) noexcept {
   *out_len = 0;
   if (frame == nullptr || len < sizeof(EtherHdr)) return NeighborVerdict::not_neighbor;
-  const std::uint16_t type = bswap_be(load_header<EtherHdr>(frame).ether_type);
+  const std::uint16_t type = load_header<EtherHdr>(frame).ether_type.get();
   if (type == kEtherTypeArp) return answer_arp(frame, len, self, out, cap, out_len);
   if (type == kEtherTypeIpv4) return answer_icmp(frame, len, self, out, cap, out_len);
   return NeighborVerdict::not_neighbor;
@@ -107,17 +106,17 @@ NeighborVerdict answer_neighbor(const std::uint8_t* frame, std::size_t len, cons
 
 bool parse_arp(const std::uint8_t* frame, std::size_t len, ArpSender* out) noexcept {
   if (frame == nullptr || len < sizeof(EtherHdr) + sizeof(ArpHdr)) return false;
-  if (bswap_be(load_header<EtherHdr>(frame).ether_type) != kEtherTypeArp) return false;
+  if (load_header<EtherHdr>(frame).ether_type.get() != kEtherTypeArp) return false;
   const auto arp = load_header<ArpHdr>(frame + sizeof(EtherHdr));
-  const std::uint16_t oper = bswap_be(arp.oper);
-  if (bswap_be(arp.htype) != 1 || bswap_be(arp.ptype) != kEtherTypeIpv4 || arp.hlen != 6 ||
-      arp.plen != 4 || (oper != 1 && oper != 2)) {
+  const std::uint16_t oper = arp.oper.get();
+  if (arp.htype.get() != 1 || arp.ptype.get() != kEtherTypeIpv4 || arp.hlen != 6 || arp.plen != 4 ||
+      (oper != 1 && oper != 2)) {
     return false;
   }
-  if (arp.spa == 0 || (arp.sha[0] & 1) != 0) return false;
-  out->ip = bswap_be(arp.spa);
+  if (arp.spa.get() == 0 || (arp.sha[0] & 1) != 0) return false;
+  out->ip = arp.spa.get();
   std::memcpy(out->mac, arp.sha, 6);
-  out->target_ip = bswap_be(arp.tpa);
+  out->target_ip = arp.tpa.get();
   out->request = oper == 1;
   return true;
 }
@@ -126,17 +125,17 @@ void write_arp_request(std::uint8_t* out, const Endpoint& self, std::uint32_t ta
   EtherHdr eth;
   std::memset(eth.dst, 0xFF, 6);
   std::memcpy(eth.src, self.mac, 6);
-  eth.ether_type = bswap_be(kEtherTypeArp);
+  eth.ether_type.set(kEtherTypeArp);
   ArpHdr arp;
-  arp.htype = bswap_be(std::uint16_t{1});
-  arp.ptype = bswap_be(kEtherTypeIpv4);
+  arp.htype.set(std::uint16_t{1});
+  arp.ptype.set(kEtherTypeIpv4);
   arp.hlen = 6;
   arp.plen = 4;
-  arp.oper = bswap_be(std::uint16_t{1});
+  arp.oper.set(std::uint16_t{1});
   std::memcpy(arp.sha, self.mac, 6);
-  arp.spa = bswap_be(self.ip);
+  arp.spa.set(self.ip);
   std::memset(arp.tha, 0, 6);
-  arp.tpa = bswap_be(target);
+  arp.tpa.set(target);
   std::memset(out, 0, kArpFrameBytes);
   store_header(out, eth);
   store_header(out + sizeof(EtherHdr), arp);

@@ -25,10 +25,6 @@ namespace {
 using Mac = std::array<std::uint8_t, 6>;
 
 constexpr std::array kAllRoles = {dp::Role::leaf, dp::Role::inner, dp::Role::root};
-std::string_view name(dp::Role r) {
-  constexpr std::array<std::string_view, 3> kNames = {"leaf", "inner", "root"};
-  return kNames[static_cast<std::size_t>(r)];
-}
 
 std::string quote(const std::string& s) { return "\"" + s + "\""; }
 
@@ -301,47 +297,42 @@ std::string check(const SwitchConfig& c, const Lines& lines) {
     const std::string w = "tree " + std::to_string(t.tree_id) + ": ";
     if (!tree_ids.insert(t.tree_id).second)
       return err({&st}, "tree " + std::to_string(t.tree_id) + " is defined twice.");
-    if (t.children.empty() || t.children.size() > dp::kMaxChildren)
-      return err({&t.children, &st},
-                 w + must("the number of children", t.children.size(), 1, dp::kMaxChildren));
-    std::set<std::pair<std::uint32_t, std::uint16_t>> child_addrs;
-    std::uint32_t hosts = 0;
-    for (const dp::ChildConfig& ch : t.children) {
-      const std::string cw = w + "child " + format_endpoint(ch.addr);
-      if (ch.addr.ip == 0 || ch.addr.port == 0)
-        return err({&ch}, cw + " needs an address other than 0.0.0.0 and a port from 1 to 65535.");
-      if (!child_addrs.emplace(ch.addr.ip, ch.addr.port).second)
-        return err({&ch}, cw + " is listed twice.");
-      if (ch.hosts == 0) return err({&ch.hosts, &ch}, cw + ": " + must("hosts", 0, 1, 65535));
-      hosts += ch.hosts;
-    }
-    // A CONTRIB counts the hosts it carries in 16 bits.
-    if (hosts > 0xFFFF)
-      return err({&t.children, &st}, w + "the children have " + std::to_string(hosts) +
-                                         " hosts in all, more than 65535.");
-    if (t.slots == 0 || t.slots > dp::kMaxSlots || !std::has_single_bit(t.slots))
-      return err({&t.slots, &st}, w + "slots must be a power of two from 1 to " +
-                                      std::to_string(dp::kMaxSlots) + ", got " +
-                                      std::to_string(t.slots) + ".");
-    if (!dp::valid_payload_bytes(t.payload_bytes))
-      return err({&t.payload_bytes, &st}, w + "payload_bytes must be a power of two from " +
-                                              std::to_string(dp::kMinPayloadBytes) + " to " +
-                                              std::to_string(dp::kMaxPayloadBytes) + ", got " +
-                                              std::to_string(t.payload_bytes) + ".");
-    if (t.dtype_mask == 0 || t.dtype_mask >> kNumDTypes != 0)
-      return err({&t.dtype_mask, &st}, w + "dtypes must name at least one type.");
-    if (t.op_mask == 0 || t.op_mask >> kNumReduceOps != 0)
-      return err({&t.op_mask, &st}, w + "ops must name at least one operation.");
-    const bool has_parent = t.parent.ip != 0 || t.parent.port != 0;
-    if (t.role == dp::Role::root && has_parent)
-      return err({&t.parent, &st}, w + "a root has no parent, but parent is set.");
-    if (t.role != dp::Role::root) {
-      if (t.parent.ip == 0 || t.parent.port == 0)
-        return err({&t.parent, &st}, w + "role " + std::string(name(t.role)) +
-                                         " needs a parent (parent: A.B.C.D:PORT).");
-      if (t.index_at_parent >= dp::kMaxChildren)
-        return err({&t.index_at_parent, &st},
-                   w + must("index_at_parent", t.index_at_parent, 0, dp::kMaxChildren - 1));
+    // The protocol's rules (proto::validate_tree), tied to the line of the field they refuse.
+    if (const auto issue = proto::validate_tree(t)) {
+      const void* field = &st;
+      switch (issue->field) {
+        case proto::TreeField::children:
+          field = &t.children;
+          break;
+        case proto::TreeField::child_address:
+          field = &t.children[issue->child];
+          break;
+        case proto::TreeField::child_hosts:
+          field = &t.children[issue->child].hosts;
+          break;
+        case proto::TreeField::slots:
+          field = &t.slots;
+          break;
+        case proto::TreeField::payload_bytes:
+          field = &t.payload_bytes;
+          break;
+        case proto::TreeField::dtype_mask:
+          field = &t.dtype_mask;
+          break;
+        case proto::TreeField::op_mask:
+          field = &t.op_mask;
+          break;
+        case proto::TreeField::role:
+          field = &t.role;
+          break;
+        case proto::TreeField::parent:
+          field = &t.parent;
+          break;
+        case proto::TreeField::index_at_parent:
+          field = &t.index_at_parent;
+          break;
+      }
+      return err({field, &st}, w + issue->sentence);
     }
     if (t.deterministic && !c.deterministic_allowed)
       return err({&t.deterministic, &st},

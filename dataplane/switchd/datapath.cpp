@@ -799,8 +799,8 @@ int Switch::install(const dp::TreeConfig& t, const std::string& job, std::string
     *why = "tree " + std::to_string(t.tree_id) + " is installed with another configuration";
     return -EEXIST;
   }
-  if (const char* bad = dp::Core::check_config(t)) {
-    *why = std::string(bad);
+  if (Status bad = dp::Core::check_config(t); !bad.ok()) {
+    *why = bad.message();
     return -EINVAL;
   }
   if (t.deterministic && !s.cfg.deterministic_allowed) {
@@ -808,13 +808,14 @@ int Switch::install(const dp::TreeConfig& t, const std::string& job, std::string
     return -EINVAL;
   }
   for (std::size_t i = 0; i < s.workers.size(); ++i) {
-    if (int rc = s.workers[i]->core->install_tree(t); rc != 0) {
+    if (Status st = s.workers[i]->core->install_tree(t); !st.ok()) {
+      const int rc = st.code() == Code::resource_exhausted ? -ENOMEM : -EINVAL;
       std::vector<dp::Tree*> undo;
       for (std::size_t k = 0; k < i; ++k)
         undo.push_back(s.workers[k]->core->unpublish_tree(t.tree_id));
       s.synchronize();
       for (dp::Tree* u : undo) dp::Core::destroy_tree(u);
-      *why = rc == -ENOMEM ? "not enough memory for its slots" : "the switch core refused it";
+      *why = st.message();
       return rc;
     }
   }

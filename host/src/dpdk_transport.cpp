@@ -311,7 +311,7 @@ class DpdkTransport final : public Transport {
     }
     dp::Parsed ps;
     if (frame == nullptr ||
-        dp::parse_frame(frame, len, self_.ip, self_.port, &ps) != dp::ParseError::ok ||
+        dp::parse_frame(frame, len, self_.ip, self_.port, &ps) != dp::DropReason::none ||
         ps.src_ip != leaf_.ip || ps.src_port != leaf_.port || ps.payload_len > payload_bytes_) {
       ++stats_.foreign;
       return false;

@@ -16,8 +16,8 @@
 #include <string>
 #include <string_view>
 
-#include "treeduce/dataplane/wire.h"
 #include "treeduce/host/communicator.h"
+#include "treeduce/protocol/wire.h"
 
 namespace treeduce::host {
 namespace {
@@ -130,7 +130,7 @@ Result options_from_environment(Options* out, std::string* error) {
   if (const Var v = first_of({"TREEDUCE_PAYLOAD_BYTES"}); v.name) {
     std::uint64_t bytes = 0;
     if (!parse_number(v, 8192, &bytes, error)) return Result::invalid_argument;
-    if (!dp::valid_payload_bytes(bytes)) {
+    if (!proto::valid_payload_bytes(bytes)) {
       *error =
           "TREEDUCE_PAYLOAD_BYTES is " + v.value + "; it must be a power of two from 256 to 8192.";
       return Result::invalid_argument;

@@ -51,15 +51,15 @@ OutPacket ProtocolEngine::make_packet(const SlotState& s) const {
   h.opcode = static_cast<std::uint8_t>(dp::Opcode::contrib);
   h.dtype = static_cast<std::uint8_t>(dtype_);
   h.op = static_cast<std::uint8_t>(op_);
-  h.tree_id = bswap_be(cfg_.tree_id);
-  h.child = bswap_be(cfg_.child_index);
-  h.slot = bswap_be(static_cast<std::uint16_t>(s.chunk & slot_mask_));
+  h.tree_id.set(cfg_.tree_id);
+  h.child.set(cfg_.child_index);
+  h.slot.set(static_cast<std::uint16_t>(s.chunk & slot_mask_));
   h.slot_ver = static_cast<std::uint8_t>((s.chunk >> std::countr_zero(cfg_.slots)) & 1);
-  h.count = bswap_be(static_cast<std::uint16_t>(n));
-  h.ncontrib = bswap_be(std::uint16_t{1});
-  h.chunk = bswap_be(s.chunk);
-  h.seq = bswap_be(seq_);
-  h.key = bswap_be(cfg_.key);
+  h.count.set(static_cast<std::uint16_t>(n));
+  h.ncontrib.set(std::uint16_t{1});
+  h.chunk.set(s.chunk);
+  h.seq.set(seq_);
+  h.key.set(cfg_.key);
   return OutPacket{h, send_ + first * dtype_size(dtype_),
                    static_cast<std::uint32_t>(n * dtype_size(dtype_))};
 }
@@ -105,10 +105,10 @@ void ProtocolEngine::finish(Status st) {
 }
 
 void ProtocolEngine::on_packet(const dp::TdHdr& td, const std::uint8_t* payload, std::size_t len) {
-  const std::uint32_t chunk = bswap_be(td.chunk);
+  const std::uint32_t chunk = td.chunk.get();
   if (status_ != Status::running || td.version != dp::kProtocolVersion ||
-      bswap_be(td.tree_id) != cfg_.tree_id || bswap_be(td.seq) != seq_ ||
-      bswap_be(td.child) != cfg_.child_index) {
+      td.tree_id.get() != cfg_.tree_id || td.seq.get() != seq_ ||
+      td.child.get() != cfg_.child_index) {
     ++stats_.ignored;
     return;
   }
@@ -125,7 +125,7 @@ void ProtocolEngine::on_packet(const dp::TdHdr& td, const std::uint8_t* payload,
     finish(Status::refused);
     return;
   }
-  if (td.opcode != static_cast<std::uint8_t>(dp::Opcode::result) || bswap_be(td.key) != cfg_.key) {
+  if (td.opcode != static_cast<std::uint8_t>(dp::Opcode::result) || td.key.get() != cfg_.key) {
     ++stats_.ignored;
     return;
   }
@@ -138,8 +138,8 @@ void ProtocolEngine::on_packet(const dp::TdHdr& td, const std::uint8_t* payload,
   const std::size_t first = s.index * elems_per_chunk_;
   const std::size_t n = std::min(elems_per_chunk_, count_ - first);
   if (td.dtype != static_cast<std::uint8_t>(dtype_) || td.op != static_cast<std::uint8_t>(op_) ||
-      bswap_be(td.count) != n || len != n * dtype_size(dtype_) ||
-      bswap_be(td.ncontrib) != cfg_.world || bswap_be(td.slot) != (chunk & slot_mask_)) {
+      td.count.get() != n || len != n * dtype_size(dtype_) || td.ncontrib.get() != cfg_.world ||
+      td.slot.get() != (chunk & slot_mask_)) {
     finish(Status::bad_result);
     return;
   }

@@ -134,7 +134,7 @@ class UdpTransport final : public Transport {
     for (std::size_t s = 0; s < nsock; ++s) {
       std::size_t k = 0;
       for (std::size_t i = 0; i < n; ++i) {
-        if (nsock == 1 || dp::bswap_be(p[i].td.slot) % nsock == s) order_[k++] = &p[i];
+        if (nsock == 1 || p[i].td.slot.get() % nsock == s) order_[k++] = &p[i];
       }
       if (k == 0) continue;
       if (std::string err = send_socket(fds_[s], k); !err.empty()) return err;

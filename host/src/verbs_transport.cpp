@@ -111,8 +111,8 @@ std::size_t build_tx_frame(std::uint8_t* out, std::size_t cap, const dp::Endpoin
 bool classify_rx_frame(const std::uint8_t* frame, std::size_t len, const dp::Endpoint& self,
                        const dp::Endpoint& leaf, RxDatagram* out) noexcept {
   dp::Parsed parsed;
-  const dp::ParseError e = dp::parse_frame(frame, len, self.ip, self.port, &parsed);
-  if (e != dp::ParseError::ok && e != dp::ParseError::bad_version) return false;
+  const dp::DropReason e = dp::parse_frame(frame, len, self.ip, self.port, &parsed);
+  if (e != dp::DropReason::none && e != dp::DropReason::bad_version) return false;
   if (parsed.src_ip != leaf.ip || parsed.src_port != leaf.port) return false;
   *out = {parsed.payload - sizeof(dp::TdHdr), sizeof(dp::TdHdr) + parsed.payload_len};
   return true;

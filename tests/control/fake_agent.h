@@ -111,14 +111,12 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
     c.op_mask = t.op_mask;
     c.deterministic = t.deterministic;
     std::lock_guard l(mu_);
-    int rc = core_.install_tree(c);
-    if (rc == -EEXIST) {
+    const Status st = core_.install_tree(c);
+    if (st.code() == Code::already_exists) {
       if (trees_.count(t.tree_id) && trees_[t.tree_id] == t) return grpc::Status::OK;
       return {grpc::StatusCode::ALREADY_EXISTS, "Tree id in use with another config."};
     }
-    if (rc != 0)
-      return {grpc::StatusCode::INVALID_ARGUMENT,
-              "The switch core refused the tree (errno " + std::to_string(-rc) + ")."};
+    if (!st.ok()) return {grpc::StatusCode::INVALID_ARGUMENT, st.message()};
     trees_[t.tree_id] = t;
     return grpc::Status::OK;
   }
@@ -127,7 +125,7 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
                           pb::AgentReply*) override {
     ++removes_;
     std::lock_guard l(mu_);
-    if (core_.remove_tree(std::uint16_t(req->tree_id())) != 0)
+    if (!core_.remove_tree(std::uint16_t(req->tree_id())).ok())
       return {grpc::StatusCode::NOT_FOUND, "No such tree."};
     trees_.erase(std::uint16_t(req->tree_id()));
     return grpc::Status::OK;

@@ -20,30 +20,30 @@ TEST(CoreInstall, RejectsBadConfigs) {
   TreeConfig t = tree_cfg(2, true);
   TreeConfig bad = t;
   bad.children.clear();
-  EXPECT_EQ(core.install_tree(bad), -EINVAL);
+  EXPECT_EQ(core.install_tree(bad).code(), treeduce::Code::invalid_argument);
   bad = t;
   bad.children.resize(65);
-  EXPECT_EQ(core.install_tree(bad), -EINVAL);
+  EXPECT_EQ(core.install_tree(bad).code(), treeduce::Code::invalid_argument);
   bad = t;
   bad.slots = 3;
-  EXPECT_EQ(core.install_tree(bad), -EINVAL);
+  EXPECT_EQ(core.install_tree(bad).code(), treeduce::Code::invalid_argument);
   bad = t;
   bad.payload_bytes = 1000;
-  EXPECT_EQ(core.install_tree(bad), -EINVAL);
+  EXPECT_EQ(core.install_tree(bad).code(), treeduce::Code::invalid_argument);
   bad = t;
   bad.dtype_mask = 0;
-  EXPECT_EQ(core.install_tree(bad), -EINVAL);
+  EXPECT_EQ(core.install_tree(bad).code(), treeduce::Code::invalid_argument);
   bad = t;
   bad.op_mask = 0x8;
-  EXPECT_EQ(core.install_tree(bad), -EINVAL);
+  EXPECT_EQ(core.install_tree(bad).code(), treeduce::Code::invalid_argument);
   bad = t;
   bad.children[0].hosts = 0;
-  EXPECT_EQ(core.install_tree(bad), -EINVAL);
-  EXPECT_EQ(core.install_tree(t), 0);
-  EXPECT_EQ(core.install_tree(t), -EEXIST);
+  EXPECT_EQ(core.install_tree(bad).code(), treeduce::Code::invalid_argument);
+  EXPECT_TRUE(core.install_tree(t).ok());
+  EXPECT_EQ(core.install_tree(t).code(), treeduce::Code::already_exists);
   EXPECT_EQ(core.tree_count(), 1u);
-  EXPECT_EQ(core.remove_tree(5), 0);
-  EXPECT_EQ(core.remove_tree(5), -ENOENT);
+  EXPECT_TRUE(core.remove_tree(5).ok());
+  EXPECT_EQ(core.remove_tree(5).code(), treeduce::Code::not_found);
   EXPECT_EQ(core.tree_count(), 0u);
   SlotView v;
   EXPECT_EQ(core.slot_view(5, 0, 0, &v), -ENOENT);
@@ -51,7 +51,7 @@ TEST(CoreInstall, RejectsBadConfigs) {
 
 TEST(CoreRoot, CompletesAndMulticastsOneSharedPayload) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(3, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(3, true)).ok());
   EXPECT_TRUE(h.feed(frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 2), {1, 2})).empty());
   EXPECT_TRUE(h.feed(frame(child_ep(2), hdr(Opcode::contrib, 0, 2, 2), {10, 20})).empty());
   const auto out = h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 2), {100, 200}));
@@ -59,15 +59,15 @@ TEST(CoreRoot, CompletesAndMulticastsOneSharedPayload) {
   for (std::uint16_t i = 0; i < 3; ++i) {
     const TdHdr td = td_of(out[i]);
     EXPECT_EQ(td.opcode, static_cast<std::uint8_t>(Opcode::result));
-    EXPECT_EQ(bswap_be(td.child), i);
-    EXPECT_EQ(bswap_be(td.ncontrib), 3);
-    EXPECT_EQ(bswap_be(td.count), 2);
-    EXPECT_EQ(bswap_be(td.key), 0x1122334455667788ULL);
+    EXPECT_EQ(td.child.get(), i);
+    EXPECT_EQ(td.ncontrib.get(), 3);
+    EXPECT_EQ(td.count.get(), 2);
+    EXPECT_EQ(td.key.get(), 0x1122334455667788ULL);
     const Ipv4Hdr ip = ip_of(out[i]);
-    EXPECT_EQ(bswap_be(ip.dst_addr), child_ep(i).ip);
-    EXPECT_EQ(bswap_be(ip.src_addr), kSwitch.ip);
+    EXPECT_EQ(ip.dst_addr.get(), child_ep(i).ip);
+    EXPECT_EQ(ip.src_addr.get(), kSwitch.ip);
     EXPECT_EQ(ipv4_checksum(ip), 0);
-    EXPECT_EQ(bswap_be(ip.total_length), 20u + 8 + 32 + 8);
+    EXPECT_EQ(ip.total_length.get(), 20u + 8 + 32 + 8);
     EXPECT_EQ(out[i].payload, out[0].payload);  // one payload, several headers
     EXPECT_EQ(value(out[i], 0), 111.0f);
     EXPECT_EQ(value(out[i], 1), 222.0f);
@@ -76,7 +76,7 @@ TEST(CoreRoot, CompletesAndMulticastsOneSharedPayload) {
     f.insert(f.end(), out[i].payload, out[i].payload + out[i].payload_len);
     Parsed p;
     EXPECT_EQ(parse_frame(f.data(), f.size(), child_ep(i).ip, child_ep(i).port, &p),
-              ParseError::ok);
+              DropReason::none);
   }
   SlotView v;
   ASSERT_EQ(h.core.slot_view(5, 0, 0, &v), 0);
@@ -87,7 +87,7 @@ TEST(CoreRoot, CompletesAndMulticastsOneSharedPayload) {
 
 TEST(CoreRoot, DuplicatesAreNeverAddedTwice) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(2, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
   const auto a = frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 1), {1});
   EXPECT_TRUE(h.feed(a).empty());
   EXPECT_TRUE(h.feed(a).empty());  // pending: dropped
@@ -98,8 +98,8 @@ TEST(CoreRoot, DuplicatesAreNeverAddedTwice) {
   // Done: a duplicate gets the result back, to that child only, unchanged.
   out = h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 1), {2}));
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(bswap_be(ip_of(out[0]).dst_addr), child_ep(1).ip);
-  EXPECT_EQ(bswap_be(td_of(out[0]).child), 1);
+  EXPECT_EQ(ip_of(out[0]).dst_addr.get(), child_ep(1).ip);
+  EXPECT_EQ(td_of(out[0]).child.get(), 1);
   EXPECT_EQ(value(out[0], 0), 3.0f);
   EXPECT_EQ(h.core.counters().event(Event::result_unicast), 1u);
   EXPECT_EQ(h.core.counters().event(Event::contrib_accepted), 2u);
@@ -107,35 +107,39 @@ TEST(CoreRoot, DuplicatesAreNeverAddedTwice) {
 
 TEST(CoreInner, PartialUpResultDownAndRetention) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(2, false)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, false)).ok());
   EXPECT_TRUE(h.feed(frame(child_ep(0), hdr(Opcode::contrib, 6, 0, 1), {1})).empty());
   auto out = h.feed(frame(child_ep(1), hdr(Opcode::contrib, 6, 1, 1), {2}));
   ASSERT_EQ(out.size(), 1u);
   TdHdr up = td_of(out[0]);
   EXPECT_EQ(up.opcode, static_cast<std::uint8_t>(Opcode::contrib));
-  EXPECT_EQ(bswap_be(up.child), 3);  // index at parent
-  EXPECT_EQ(bswap_be(up.ncontrib), 2);
-  EXPECT_EQ(bswap_be(ip_of(out[0]).dst_addr), kParent.ip);
+  EXPECT_EQ(up.child.get(), 3);  // index at parent
+  EXPECT_EQ(up.ncontrib.get(), 2);
+  EXPECT_EQ(ip_of(out[0]).dst_addr.get(), kParent.ip);
   EXPECT_EQ(value(out[0], 0), 3.0f);
   // Duplicate while waiting on the parent: the partial goes up again.
   out = h.feed(frame(child_ep(0), hdr(Opcode::contrib, 6, 0, 1), {1}));
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(bswap_be(ip_of(out[0]).dst_addr), kParent.ip);
+  EXPECT_EQ(ip_of(out[0]).dst_addr.get(), kParent.ip);
   EXPECT_EQ(value(out[0], 0), 3.0f);
   EXPECT_EQ(h.core.counters().event(Event::partial_resent), 1u);
   // A RESULT from someone else is refused.
   std::vector<std::uint8_t> f(kFrameHeaderBytes + 4);
   const float r = 42;
   build_frame(f.data(), ep(9, kDefaultUdpPort), kSwitch,
-              hdr(Opcode::result, 6, 0, 1, DType::f32, 4, 0, 7), &r, 4);
+              hdr(Opcode::result, 6, 3, 1, DType::f32, 4, 0, 7), &r, 4);
   EXPECT_TRUE(h.feed(f).empty());
   EXPECT_EQ(h.core.counters().drop(DropReason::bad_source), 1u);
-  // The parent's RESULT is multicast with the parent's count of contributions.
+  // A RESULT names the receiver's child index at the parent (3); another is dropped, silently.
   build_frame(f.data(), kParent, kSwitch, hdr(Opcode::result, 6, 0, 1, DType::f32, 4, 0, 7), &r, 4);
+  EXPECT_TRUE(h.feed(f).empty());
+  EXPECT_EQ(h.core.counters().drop(DropReason::bad_child), 1u);
+  // The parent's RESULT is multicast with the parent's count of contributions.
+  build_frame(f.data(), kParent, kSwitch, hdr(Opcode::result, 6, 3, 1, DType::f32, 4, 0, 7), &r, 4);
   out = h.feed(f);
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(value(out[1], 0), 42.0f);
-  EXPECT_EQ(bswap_be(td_of(out[1]).ncontrib), 7);
+  EXPECT_EQ(td_of(out[1]).ncontrib.get(), 7);
   EXPECT_TRUE(h.feed(f).empty());
   EXPECT_EQ(h.core.counters().drop(DropReason::duplicate_result), 1u);
   // Retained: a late duplicate from a child is answered from the slot.
@@ -151,7 +155,7 @@ TEST(CoreInner, PartialUpResultDownAndRetention) {
   EXPECT_TRUE(h.feed(frame(child_ep(0), hdr(Opcode::contrib, 14, 0, 1), {5})).empty());
   EXPECT_TRUE(h.feed(frame(child_ep(1), hdr(Opcode::contrib, 6, 1, 1), {2})).empty());
   EXPECT_EQ(h.core.counters().drop(DropReason::stale_chunk), 1u);
-  build_frame(f.data(), kParent, kSwitch, hdr(Opcode::result, 6, 0, 1, DType::f32, 4, 0, 7), &r, 4);
+  build_frame(f.data(), kParent, kSwitch, hdr(Opcode::result, 6, 3, 1, DType::f32, 4, 0, 7), &r, 4);
   EXPECT_TRUE(h.feed(f).empty());
   EXPECT_EQ(h.core.counters().drop(DropReason::stale_result), 1u);
   EXPECT_EQ(h.core.counters().event(Event::slot_reused), 1u);
@@ -159,7 +163,7 @@ TEST(CoreInner, PartialUpResultDownAndRetention) {
 
 TEST(CoreRoot, ResultAtRootIsUnexpected) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(1, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(1, true)).ok());
   std::vector<std::uint8_t> f(kFrameHeaderBytes + 4);
   const float r = 1;
   build_frame(f.data(), kParent, kSwitch, hdr(Opcode::result, 0, 0, 1), &r, 4);
@@ -176,33 +180,34 @@ TEST(CoreRefusals, EachReasonIsNackedAndCounted) {
   };
   const Case cases[] = {
       {DropReason::bad_version, [](TdHdr& t, Endpoint&, std::size_t&) { t.version = 9; }},
-      {DropReason::unknown_tree, [](TdHdr& t, Endpoint&, std::size_t&) { t.tree_id = 77; }},
-      {DropReason::bad_key, [](TdHdr& t, Endpoint&, std::size_t&) { t.key ^= 1; }},
+      {DropReason::unknown_tree, [](TdHdr& t, Endpoint&, std::size_t&) { t.tree_id.set(77); }},
+      {DropReason::bad_key, [](TdHdr& t, Endpoint&, std::size_t&) { t.key.set(t.key.get() ^ 1); }},
       {DropReason::bad_child,
-       [](TdHdr& t, Endpoint&, std::size_t&) { t.child = bswap_be(std::uint16_t{2}); }},
+       [](TdHdr& t, Endpoint&, std::size_t&) { t.child.set(std::uint16_t{2}); }},
       {DropReason::bad_source, [](TdHdr&, Endpoint& e, std::size_t&) { e = child_ep(1); }},
       {DropReason::bad_dtype_op, [](TdHdr& t, Endpoint&, std::size_t&) { t.op = 3; }},
       {DropReason::bad_dtype_op, [](TdHdr& t, Endpoint&, std::size_t&) { t.dtype = 6; }},
       {DropReason::bad_count,
        [](TdHdr& t, Endpoint&, std::size_t& n) {
-         t.count = bswap_be(std::uint16_t{65});
+         t.count.set(std::uint16_t{65});
          n = 65;
        }},
       {DropReason::bad_count,
        [](TdHdr& t, Endpoint&, std::size_t& n) {
-         t.count = 0;
+         t.count.set(0);
          n = 0;
        }},
       {DropReason::bad_length, [](TdHdr&, Endpoint&, std::size_t& n) { n = 3; }},
       {DropReason::bad_slot, [](TdHdr& t, Endpoint&, std::size_t&) { t.slot_ver ^= 1; }},
       {DropReason::bad_slot,
-       [](TdHdr& t, Endpoint&, std::size_t&) { t.slot = bswap_be(std::uint16_t{1}); }},
+       [](TdHdr& t, Endpoint&, std::size_t&) { t.slot.set(std::uint16_t{1}); }},
       {DropReason::bad_ncontrib,
-       [](TdHdr& t, Endpoint&, std::size_t&) { t.ncontrib = bswap_be(std::uint16_t{2}); }},
+       [](TdHdr& t, Endpoint&, std::size_t&) { t.ncontrib.set(std::uint16_t{2}); }},
+      {DropReason::bad_reserved, [](TdHdr& t, Endpoint&, std::size_t&) { t.reason = 5; }},
   };
   for (const Case& c : cases) {
     Harness h;
-    ASSERT_EQ(h.core.install_tree(tree_cfg(2, true)), 0);
+    ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
     TdHdr t = hdr(Opcode::contrib, 0, 0, 4);
     Endpoint src = child_ep(0);
     std::size_t n = 4;
@@ -214,9 +219,9 @@ TEST(CoreRefusals, EachReasonIsNackedAndCounted) {
     EXPECT_EQ(nack.opcode, static_cast<std::uint8_t>(Opcode::nack)) << name(c.want);
     EXPECT_EQ(nack.reason, static_cast<std::uint8_t>(c.want)) << name(c.want);
     EXPECT_EQ(nack.version, kProtocolVersion);
-    EXPECT_EQ(nack.key, 0u);
+    EXPECT_EQ(nack.key.get(), 0u);
     EXPECT_EQ(out[0].payload_len, 0u);
-    EXPECT_EQ(bswap_be(ip_of(out[0]).dst_addr), src.ip);
+    EXPECT_EQ(ip_of(out[0]).dst_addr.get(), src.ip);
     EXPECT_EQ(h.core.counters().drop(c.want), 1u) << name(c.want);
     EXPECT_EQ(h.core.counters().event(Event::nack_sent), 1u);
     SlotView v;
@@ -227,7 +232,7 @@ TEST(CoreRefusals, EachReasonIsNackedAndCounted) {
 
 TEST(CoreRefusals, MismatchWithTheChunksFirstContribution) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(2, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
   EXPECT_TRUE(h.feed(frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 4), {1, 1, 1, 1})).empty());
   const auto out = h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 3), {1, 1, 1}));
   ASSERT_EQ(out.size(), 1u);
@@ -239,9 +244,9 @@ TEST(CoreRefusals, MismatchWithTheChunksFirstContribution) {
 
 TEST(CoreRefusals, NacksAreNotAnsweredAndNotForUsIsSilent) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(2, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
   TdHdr t = hdr(Opcode::nack, 0, 0, 0);
-  t.tree_id = bswap_be(std::uint16_t{77});
+  t.tree_id.set(std::uint16_t{77});
   EXPECT_TRUE(h.feed(frame(child_ep(0), t, {})).empty());
   EXPECT_EQ(h.core.counters().drop(DropReason::nack_received), 1u);
   t = hdr(Opcode::contrib, 0, 0, 1);
@@ -250,7 +255,7 @@ TEST(CoreRefusals, NacksAreNotAnsweredAndNotForUsIsSilent) {
   EXPECT_EQ(h.core.counters().drop(DropReason::bad_opcode), 1u);
   // A RESULT for an unknown tree is dropped without a NACK.
   t = hdr(Opcode::result, 0, 0, 1);
-  t.tree_id = bswap_be(std::uint16_t{77});
+  t.tree_id.set(std::uint16_t{77});
   EXPECT_TRUE(h.feed(frame(kParent, t, {1})).empty());
   EXPECT_EQ(h.core.counters().drop(DropReason::unknown_tree), 1u);
   EXPECT_EQ(h.core.counters().event(Event::nack_sent), 0u);
@@ -258,7 +263,7 @@ TEST(CoreRefusals, NacksAreNotAnsweredAndNotForUsIsSilent) {
 
 TEST(CoreRefusals, StaleSequenceOnTheSameChunk) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(2, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
   EXPECT_TRUE(
       h.feed(frame(child_ep(0), hdr(Opcode::contrib, 8, 0, 1, DType::f32, 4, 3), {1})).empty());
   EXPECT_TRUE(
@@ -275,7 +280,7 @@ TEST(CoreRefusals, StaleSequenceOnTheSameChunk) {
 
 TEST(CoreBurst, StopsWhenTxCannotHoldAMulticast) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(4, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(4, true)).ok());
   std::vector<std::vector<std::uint8_t>> frames;
   for (std::uint16_t c = 0; c < 4; ++c) {
     frames.push_back(frame(child_ep(c), hdr(Opcode::contrib, 0, c, 1), {1}));
@@ -292,7 +297,7 @@ TEST(CoreBurst, StopsWhenTxCannotHoldAMulticast) {
 
 TEST(CoreBurst, GarbageIsDroppedNeverCrashes) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(2, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
   std::mt19937_64 rng(1);
   const auto good = frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 4), {1, 2, 3, 4});
   for (int i = 0; i < 20000; ++i) {
@@ -323,7 +328,7 @@ TEST(CoreDeterministic, ArrivalOrderDoesNotMatter) {
   for (int trial = 0; trial < 30; ++trial) {
     for (bool det : {true, false}) {
       Harness h;
-      ASSERT_EQ(h.core.install_tree(tree_cfg(kChildren, true, det)), 0);
+      ASSERT_TRUE(h.core.install_tree(tree_cfg(kChildren, true, det)).ok());
       std::vector<std::uint16_t> order(kChildren);
       std::iota(order.begin(), order.end(), 0);
       std::shuffle(order.begin(), order.end(), rng);
@@ -350,11 +355,11 @@ TEST(CoreDeterministic, ArrivalOrderDoesNotMatter) {
 
 TEST(CoreTreeTable, RemoveAndReinstallWhileTrafficFlows) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(2, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
   EXPECT_TRUE(h.feed(frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 1), {1})).empty());
-  ASSERT_EQ(h.core.remove_tree(5), 0);
+  ASSERT_TRUE(h.core.remove_tree(5).ok());
   EXPECT_EQ(h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 1), {1})).size(), 1u);  // NACK
-  ASSERT_EQ(h.core.install_tree(tree_cfg(2, true)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
   // A fresh tree: the old contribution is gone.
   EXPECT_TRUE(h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 1), {1})).empty());
   SlotView v;
@@ -379,7 +384,7 @@ TEST(CoreShards, EachShardOwnsItsSlots) {
   std::vector<std::unique_ptr<Core>> shards;
   for (std::uint32_t i = 0; i < kShards; ++i) {
     shards.push_back(std::make_unique<Core>(CoreConfig{kSwitch, i, kShards}));
-    ASSERT_EQ(shards[i]->install_tree(tree_cfg(2, true, false, kSlots)), 0);
+    ASSERT_TRUE(shards[i]->install_tree(tree_cfg(2, true, false, kSlots)).ok());
   }
   EXPECT_EQ(shards[0]->local_slots(kSlots), 3u);  // 0 3 6
   EXPECT_EQ(shards[1]->local_slots(kSlots), 3u);  // 1 4 7
@@ -433,7 +438,7 @@ TEST(CoreConcurrency, PublishAndUnpublishWhileRunning) {
     }
   });
   for (int i = 0; i < 2000; ++i) {
-    ASSERT_EQ(core.install_tree(tree_cfg(1, true)), 0);
+    ASSERT_TRUE(core.install_tree(tree_cfg(1, true)).ok());
     Tree* t = core.unpublish_tree(5);
     ASSERT_NE(t, nullptr);
     const std::uint64_t b = bursts.load(std::memory_order_acquire);
@@ -463,7 +468,7 @@ using namespace testing;
 // output frames are unsent when process_burst() returns, so each keeps its own payload.
 TEST(CoreLeaf, PartialAndResultInOneBurstKeepTheirPayloads) {
   Harness h;
-  ASSERT_EQ(h.core.install_tree(tree_cfg(2, false)), 0);
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, false)).ok());
   h.feed(frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 2), {1, 2}));
   ASSERT_EQ(h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 2), {10, 20})).size(), 1u);
   const auto dup = frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 2), {10, 20});
@@ -481,6 +486,121 @@ TEST(CoreLeaf, PartialAndResultInOneBurstKeepTheirPayloads) {
     EXPECT_EQ(value(h.tx[i], 1), 8.0f);
   }
   EXPECT_NE(h.tx[0].payload, h.tx[1].payload);
+}
+
+// What a receiver that trusts headers sees: each call's output is "transmitted" (copied) before
+// the next call, as the daemon does, and every frame's payload must be its own chunk's. A frame
+// that process_burst() leaves unconsumed is offered again in the next call.
+struct Sent {
+  TdHdr td;
+  std::uint32_t dst_ip;
+  float value;
+};
+std::vector<Sent> run_bursts(Harness& h, const std::vector<std::vector<std::uint8_t>>& frames,
+                             std::size_t* calls = nullptr) {
+  std::vector<RxFrame> rx;
+  for (const auto& f : frames) rx.push_back({f.data(), f.size()});
+  std::vector<Sent> sent;
+  std::size_t done = 0, n_calls = 0;
+  while (done < rx.size()) {
+    std::size_t n = 0;
+    const std::size_t used =
+        h.core.process_burst(rx.data() + done, rx.size() - done, h.tx.data(), h.tx.size(), &n);
+    ++n_calls;
+    EXPECT_TRUE(used > 0 || n > 0) << "no progress";
+    if (used == 0 && n == 0) break;
+    done += used;
+    for (std::size_t i = 0; i < n; ++i)
+      sent.push_back({td_of(h.tx[i]), ip_of(h.tx[i]).dst_addr.get(),
+                      h.tx[i].payload_len != 0 ? value(h.tx[i], 0) : 0.0f});
+  }
+  if (calls != nullptr) *calls = n_calls;
+  return sent;
+}
+
+// Child k's value for chunk c, and the sum of two children.
+float contribution(std::uint32_t c, std::uint16_t k) { return float(c * 10 + k + 1); }
+float sum2(std::uint32_t c) { return contribution(c, 0) + contribution(c, 1); }
+std::vector<std::uint8_t> contrib(std::uint32_t c, std::uint16_t k, std::uint32_t slots) {
+  return frame(child_ep(k), hdr(Opcode::contrib, c, k, 1, DType::f32, slots), {contribution(c, k)});
+}
+
+// The defect found by tests written from docs/protocol.md: a 2-host root tree with S = 1; chunks
+// 0 and 1 complete in one burst; the next burst holds child 0's late retransmission of chunk 0,
+// then chunk 2 from both children. The unicast RESULT for chunk 0 used to leave with chunk 0's
+// header and chunk 2's sum (chunk 2 completes in the same slot version later in the call).
+TEST(CoreBursts, AUnicastResultKeepsItsChunksSumWhenTheSlotIsReusedInTheSameBurst) {
+  Harness h;
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true, false, 1)).ok());
+  auto sent =
+      run_bursts(h, {contrib(0, 0, 1), contrib(0, 1, 1), contrib(1, 0, 1), contrib(1, 1, 1)});
+  ASSERT_EQ(sent.size(), 4u);  // two multicasts
+  std::size_t calls = 0;
+  sent = run_bursts(h, {contrib(0, 0, 1), contrib(2, 0, 1), contrib(2, 1, 1)}, &calls);
+  ASSERT_EQ(sent.size(), 3u);  // the unicast, then chunk 2's multicast
+  EXPECT_EQ(calls, 2u) << "chunk 2's completion must wait for the unicast to be sent";
+  EXPECT_EQ(sent[0].td.chunk.get(), 0u);
+  EXPECT_EQ(sent[0].dst_ip, child_ep(0).ip);
+  for (const Sent& f : sent) EXPECT_EQ(f.value, sum2(f.td.chunk.get())) << f.td.chunk.get();
+  EXPECT_EQ(h.core.counters().event(Event::result_unicast), 1u);
+  EXPECT_EQ(h.core.counters().event(Event::result_multicast), 3u);
+}
+
+// With the default burst of 32, frames arriving faster than the window (3 windows of S = 4 in
+// one burst) make chunk c + 8 complete in chunk c's slot version while c's multicast is unsent.
+TEST(CoreBursts, MulticastsKeepTheirSumsWhenABurstHoldsSeveralWindows) {
+  Harness h;
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true, false, 4)).ok());
+  std::vector<std::vector<std::uint8_t>> frames;
+  for (std::uint32_t c = 0; c < 12; ++c) {
+    frames.push_back(contrib(c, 0, 4));
+    frames.push_back(contrib(c, 1, 4));
+  }
+  std::size_t calls = 0;
+  const auto sent = run_bursts(h, frames, &calls);
+  ASSERT_EQ(sent.size(), 24u);
+  EXPECT_EQ(calls, 2u);  // chunk 8 waits for chunk 0's multicast to be sent
+  for (const Sent& f : sent) EXPECT_EQ(f.value, sum2(f.td.chunk.get())) << f.td.chunk.get();
+}
+
+// A leaf re-sends chunk 0's partial on a duplicate, then completes chunk 2 (S = 1) in the same
+// slot version: the re-sent partial must still carry chunk 0's sum.
+TEST(CoreBursts, AReSentPartialKeepsItsSum) {
+  Harness h;
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, false, false, 1)).ok());
+  ASSERT_EQ(run_bursts(h, {contrib(0, 0, 1), contrib(0, 1, 1)}).size(), 1u);
+  const auto sent = run_bursts(h, {contrib(0, 1, 1), contrib(2, 0, 1), contrib(2, 1, 1)});
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].td.chunk.get(), 0u);
+  for (const Sent& f : sent) {
+    EXPECT_EQ(f.td.opcode, static_cast<std::uint8_t>(Opcode::contrib));
+    EXPECT_EQ(f.value, sum2(f.td.chunk.get())) << f.td.chunk.get();
+  }
+  EXPECT_EQ(h.core.counters().event(Event::partial_resent), 1u);
+}
+
+// A non-root's RESULT buffer: chunk 0's RESULT is unicast again on a duplicate, then chunk 2
+// (S = 1, the same slot version) completes, goes up, and a RESULT for it arrives, all in one
+// burst. The parent cannot have answered a partial that was not sent yet, but the core must not
+// depend on that: the RESULT waits for the next call.
+TEST(CoreBursts, AResultFromTheParentWaitsForTheUnicastBeforeIt) {
+  Harness h;
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, false, false, 1)).ok());
+  const auto result = [](std::uint32_t c) {
+    return frame(kParent, hdr(Opcode::result, c, 3, 1, DType::f32, 1, 0, 7), {1000.0f + float(c)});
+  };
+  ASSERT_EQ(run_bursts(h, {contrib(0, 0, 1), contrib(0, 1, 1), result(0)}).size(), 3u);
+  std::size_t calls = 0;
+  const auto sent =
+      run_bursts(h, {contrib(0, 0, 1), contrib(2, 0, 1), contrib(2, 1, 1), result(2)}, &calls);
+  ASSERT_EQ(sent.size(), 4u);  // chunk 0 to child 0, chunk 2's partial, chunk 2 to both
+  EXPECT_EQ(calls, 2u);
+  for (const Sent& f : sent) {
+    const std::uint32_t c = f.td.chunk.get();
+    const bool up = f.td.opcode == static_cast<std::uint8_t>(Opcode::contrib);
+    EXPECT_EQ(f.value, up ? sum2(c) : 1000.0f + float(c)) << c;
+  }
+  EXPECT_EQ(sent[0].td.chunk.get(), 0u);
 }
 
 }  // namespace

@@ -44,13 +44,13 @@ std::vector<std::uint8_t> echo_request(std::uint32_t dst, std::size_t data_len) 
   f[12] = 0x08, f[13] = 0x00;
   Ipv4Hdr ip{};
   ip.version_ihl = 0x45;
-  ip.total_length = bswap_be(static_cast<std::uint16_t>(ip_len));
-  ip.fragment = bswap_be(std::uint16_t{0x4000});
+  ip.total_length.set(static_cast<std::uint16_t>(ip_len));
+  ip.fragment.set(std::uint16_t{0x4000});
   ip.ttl = 64;
   ip.protocol = 1;
-  ip.src_addr = bswap_be(kHostIp);
-  ip.dst_addr = bswap_be(dst);
-  ip.hdr_checksum = bswap_be(ipv4_checksum(ip));
+  ip.src_addr.set(kHostIp);
+  ip.dst_addr.set(dst);
+  ip.hdr_checksum.set(ipv4_checksum(ip));
   store_header(f.data() + 14, ip);
   std::uint8_t* icmp = f.data() + 34;
   icmp[0] = 8;                     // echo request
@@ -135,8 +135,8 @@ TEST(Neighbor, RefusesBrokenOrForeignEcho) {
   auto long_ip = echo_request(kSelf.ip, 8);
   long_ip[17] += 4;  // IPv4 total length beyond the frame (checksum fixed below)
   Ipv4Hdr ip = load_header<Ipv4Hdr>(long_ip.data() + 14);
-  ip.hdr_checksum = 0;
-  ip.hdr_checksum = bswap_be(ipv4_checksum(ip));
+  ip.hdr_checksum.set(0);
+  ip.hdr_checksum.set(ipv4_checksum(ip));
   store_header(long_ip.data() + 14, ip);
   EXPECT_EQ(answer_neighbor(long_ip.data(), long_ip.size(), kSelf, out.data(), out.size(), &n),
             NeighborVerdict::malformed);

@@ -28,7 +28,7 @@ inline TreeConfig tree_cfg(std::uint16_t nchildren, bool root, bool det = false,
   t.tree_id = 5;
   t.key = 0x1122334455667788ULL;
   t.role = root ? Role::root : Role::leaf;
-  t.parent = kParent;
+  if (!root) t.parent = kParent;
   t.index_at_parent = 3;
   for (std::uint16_t i = 0; i < nchildren; ++i) t.children.push_back({child_ep(i), 1});
   t.slots = slots;
@@ -45,15 +45,15 @@ inline TdHdr hdr(Opcode oc, std::uint32_t chunk, std::uint16_t child, std::uint1
   h.opcode = static_cast<std::uint8_t>(oc);
   h.dtype = static_cast<std::uint8_t>(d);
   h.op = 0;
-  h.tree_id = bswap_be(std::uint16_t{5});
-  h.child = bswap_be(child);
-  h.slot = bswap_be(static_cast<std::uint16_t>(chunk % slots));
+  h.tree_id.set(std::uint16_t{5});
+  h.child.set(child);
+  h.slot.set(static_cast<std::uint16_t>(chunk % slots));
   h.slot_ver = static_cast<std::uint8_t>((chunk / slots) % 2);
-  h.count = bswap_be(count);
-  h.ncontrib = bswap_be(ncontrib);
-  h.chunk = bswap_be(chunk);
-  h.seq = bswap_be(seq);
-  h.key = bswap_be(std::uint64_t{0x1122334455667788ULL});
+  h.count.set(count);
+  h.ncontrib.set(ncontrib);
+  h.chunk.set(chunk);
+  h.seq.set(seq);
+  h.key.set(std::uint64_t{0x1122334455667788ULL});
   return h;
 }
 

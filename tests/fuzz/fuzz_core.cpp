@@ -79,15 +79,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     h.version = kProtocolVersion;
     h.opcode = static_cast<std::uint8_t>(oc);
     h.dtype = static_cast<std::uint8_t>(d);
-    h.tree_id = bswap_be(tc.tree_id);
-    h.child = bswap_be(child);
-    h.slot = bswap_be(static_cast<std::uint16_t>(chunk & (tc.slots - 1)));
+    h.tree_id.set(tc.tree_id);
+    h.child.set(child);
+    h.slot.set(static_cast<std::uint16_t>(chunk & (tc.slots - 1)));
     h.slot_ver = static_cast<std::uint8_t>((chunk >> std::countr_zero(tc.slots)) & 1);
-    h.count = bswap_be(count);
-    h.ncontrib = bswap_be(ncontrib);
-    h.chunk = bswap_be(chunk);
-    h.seq = bswap_be(seq);
-    h.key = bswap_be(tc.key);
+    h.count.set(count);
+    h.ncontrib.set(ncontrib);
+    h.chunk.set(chunk);
+    h.seq.set(seq);
+    h.key.set(tc.key);
     std::uint8_t payload[256];
     const std::size_t plen = std::size_t{count} * dtype_size(d);
     for (std::size_t i = 0; i < plen && i < sizeof payload; ++i) payload[i] = in.u8();
@@ -146,8 +146,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const auto ip = load_header<Ipv4Hdr>(out.data() + sizeof(EtherHdr));
       const auto udp = load_header<UdpHdr>(out.data() + sizeof(EtherHdr) + sizeof(Ipv4Hdr));
       Parsed p;
-      check(parse_frame(out.data(), out.size(), bswap_be(ip.dst_addr), bswap_be(udp.dst_port),
-                        &p) == ParseError::ok);
+      check(parse_frame(out.data(), out.size(), ip.dst_addr.get(), udp.dst_port.get(), &p) ==
+            DropReason::none);
       check(p.src_ip == self.ip);
     }
     for (std::uint32_t s = 0; s < tc.slots; ++s) {

@@ -108,7 +108,7 @@ class FakeSwitch {
     t.slots = cfg.slots;
     t.payload_bytes = cfg.payload_bytes;
     t.dtype_mask = cfg.dtype_mask;
-    EXPECT_EQ(core_->install_tree(t), 0);
+    EXPECT_TRUE(core_->install_tree(t).ok());
     thread_ = std::thread([this] { run(); });
   }
   ~FakeSwitch() {
@@ -173,8 +173,8 @@ class FakeSwitch {
         const auto udp = dp::load_header<dp::UdpHdr>(tx[i].hdr + 34);
         sockaddr_in dst{};
         dst.sin_family = AF_INET;
-        dst.sin_addr.s_addr = ip.dst_addr;  // both already in network order
-        dst.sin_port = udp.dst_port;
+        dst.sin_addr.s_addr = ip.dst_addr.raw;  // both already in network order
+        dst.sin_port = udp.dst_port.raw;
         iovec iov[2] = {{tx[i].hdr + 42, sizeof(dp::TdHdr)},
                         {const_cast<std::uint8_t*>(tx[i].payload), tx[i].payload_len}};
         msghdr m{};
@@ -206,10 +206,10 @@ void run_ranks(std::uint32_t world, const std::function<void(std::uint32_t)>& fn
 }
 
 std::unique_ptr<Communicator> make(const Options& o) {
-  Result r = Result::internal;
+  host::Result r = host::Result::internal;
   std::string error;
   auto c = Communicator::create(o, &r, &error);
-  EXPECT_EQ(r, Result::ok) << error;
+  EXPECT_EQ(r, host::Result::ok) << error;
   EXPECT_NE(c, nullptr) << error;
   return c;
 }
@@ -243,12 +243,12 @@ struct CaseData {
 
 // Allreduce of one case on `c`, in place or not; true when the result is exact.
 ::testing::AssertionResult run_case(Communicator& comm, const exact::Case& c, bool in_place,
-                                    Result expect = Result::ok) {
+                                    host::Result expect = host::Result::ok) {
   CaseData d(c, comm.rank(), comm.world_size());
   std::vector<std::uint8_t> out(d.in.size(), 0xA5);
   if (in_place) out = d.in;
   const void* send = in_place ? out.data() : d.in.data();
-  const Result r = comm.allreduce(send, out.data(), c.count, c.dtype, c.op);
+  const host::Result r = comm.allreduce(send, out.data(), c.count, c.dtype, c.op);
   const std::string what = std::string(name(c.dtype)) + " " + std::string(name(c.op)) +
                            " count=" + std::to_string(c.count) + (in_place ? " in place" : "") +
                            " rank " + std::to_string(comm.rank());
@@ -256,7 +256,7 @@ struct CaseData {
     return ::testing::AssertionFailure()
            << what << ": " << to_string(r) << " (" << comm.last_error() << ")";
   }
-  if (r == Result::ok && out != d.want) {
+  if (r == host::Result::ok && out != d.want) {
     std::size_t bad = 0;
     while (exact::load(c.dtype, out.data(), bad) == exact::load(c.dtype, d.want.data(), bad)) ++bad;
     return ::testing::AssertionFailure()
@@ -322,7 +322,7 @@ TEST(Communicator, NonBlockingOperationsFromTwoThreads) {
         out[i].assign(data[i].in.size(), 0);
         EXPECT_EQ(comm->iallreduce(data[i].in.data(), out[i].data(), cases[i].count, cases[i].dtype,
                                    cases[i].op, &req[i]),
-                  Result::ok);
+                  host::Result::ok);
         started.fetch_add(1);
         turn.store(i + 1);
       }
@@ -330,11 +330,11 @@ TEST(Communicator, NonBlockingOperationsFromTwoThreads) {
       // Complete the other thread's requests: test until done, then wait (a no-op by then
       // would be an error: the request is gone).
       for (std::uint32_t i = 1 - parity; i < kOps; i += 2) {
-        Result r;
-        while ((r = comm->test(req[i])) == Result::in_progress) std::this_thread::yield();
-        EXPECT_EQ(r, Result::ok) << comm->last_error();
+        host::Result r;
+        while ((r = comm->test(req[i])) == host::Result::in_progress) std::this_thread::yield();
+        EXPECT_EQ(r, host::Result::ok) << comm->last_error();
         EXPECT_EQ(out[i], data[i].want) << "operation " << i << " rank " << rank;
-        EXPECT_EQ(comm->wait(req[i]), Result::invalid_argument);
+        EXPECT_EQ(comm->wait(req[i]), host::Result::invalid_argument);
       }
     };
     std::thread a(worker, 0), b(worker, 1);
@@ -354,20 +354,20 @@ TEST(Communicator, ReduceBroadcastBarrier) {
     const exact::Case c{DType::f32, ReduceOp::sum, 1000, 0};
     CaseData d(c, rank, kWorld);
     std::vector<std::uint8_t> out(d.in.size(), 0x5A);
-    EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, 1), Result::ok);
+    EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, 1), host::Result::ok);
     if (rank == 1) {
       EXPECT_EQ(out, d.want);
     } else {
       EXPECT_EQ(out, std::vector<std::uint8_t>(d.in.size(), 0x5A));
     }
     EXPECT_EQ(comm->reduce(d.in.data(), nullptr, c.count, c.dtype, c.op, 0),
-              rank == 0 ? Result::invalid_argument : Result::ok);
+              rank == 0 ? host::Result::invalid_argument : host::Result::ok);
     // The root's reduce above failed before it started; the others must not be left waiting.
     if (rank == 0) {
-      EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, 0), Result::ok);
+      EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, 0), host::Result::ok);
     }
     EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, kWorld),
-              Result::invalid_argument);
+              host::Result::invalid_argument);
     // Broadcast from rank 2: any bytes, an odd length (7 e4m3, padded to 8 on the wire), and
     // NaN patterns a float sum would not carry through.
     std::vector<std::uint8_t> b7(7), b1000(4000);
@@ -377,11 +377,11 @@ TEST(Communicator, ReduceBroadcastBarrier) {
     std::vector<std::uint8_t> want7(7), want1000(4000);
     for (std::size_t i = 0; i < 7; ++i) want7[i] = 0x7F + i;
     for (std::size_t i = 0; i < 4000; ++i) want1000[i] = (i * 37 + 0xFF) & 0xFF;
-    EXPECT_EQ(comm->broadcast(b7.data(), 7, DType::e4m3, 2), Result::ok);
+    EXPECT_EQ(comm->broadcast(b7.data(), 7, DType::e4m3, 2), host::Result::ok);
     EXPECT_EQ(b7, want7);
-    EXPECT_EQ(comm->broadcast(b1000.data(), 1000, DType::f32, 2), Result::ok);
+    EXPECT_EQ(comm->broadcast(b1000.data(), 1000, DType::f32, 2), host::Result::ok);
     EXPECT_EQ(b1000, want1000);
-    EXPECT_EQ(comm->barrier(), Result::ok);
+    EXPECT_EQ(comm->barrier(), host::Result::ok);
     EXPECT_EQ(comm->stats().fallback_ops, 0u);
   });
 }
@@ -390,27 +390,28 @@ TEST(Communicator, ZeroCountAndBadArguments) {
   FakeSwitch sw({.world = 1});
   auto comm = make(sw.options(0, "args", Path::network));
   ASSERT_NE(comm, nullptr);
-  EXPECT_EQ(comm->allreduce(nullptr, nullptr, 0, DType::f32, ReduceOp::sum), Result::ok);
+  EXPECT_EQ(comm->allreduce(nullptr, nullptr, 0, DType::f32, ReduceOp::sum), host::Result::ok);
   float x = 1;
-  EXPECT_EQ(comm->allreduce(&x, nullptr, 1, DType::f32, ReduceOp::sum), Result::invalid_argument);
+  EXPECT_EQ(comm->allreduce(&x, nullptr, 1, DType::f32, ReduceOp::sum),
+            host::Result::invalid_argument);
   EXPECT_NE(comm->last_error(), "");
   EXPECT_EQ(comm->allreduce(&x, &x, 1, static_cast<DType>(9), ReduceOp::sum),
-            Result::invalid_argument);
+            host::Result::invalid_argument);
   EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, static_cast<ReduceOp>(3)),
-            Result::invalid_argument);
+            host::Result::invalid_argument);
   EXPECT_EQ(comm->iallreduce(&x, &x, 1, DType::f32, ReduceOp::sum, nullptr),
-            Result::invalid_argument);
-  EXPECT_EQ(comm->test(12345), Result::invalid_argument);
-  EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), Result::ok);
+            host::Result::invalid_argument);
+  EXPECT_EQ(comm->test(12345), host::Result::invalid_argument);
+  EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), host::Result::ok);
   EXPECT_EQ(x, 1.0f);
   EXPECT_EQ(comm->last_error(), "");
 
-  Result r = Result::ok;
+  host::Result r = host::Result::ok;
   std::string error;
   Options bad = sw.options(0, "args", Path::network);
   bad.rank = 1;
   EXPECT_EQ(Communicator::create(bad, &r, &error), nullptr);
-  EXPECT_EQ(r, Result::invalid_argument);
+  EXPECT_EQ(r, host::Result::invalid_argument);
   EXPECT_NE(error, "");
 }
 
@@ -440,7 +441,8 @@ TEST(Communicator, DeadSwitchTimesOutOnNetworkPath) {
     auto comm = make(sw.options(rank, "dead-network", Path::network));
     ASSERT_NE(comm, nullptr);
     const auto t0 = Clock::now();
-    EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 20000, 0}, false, Result::timeout));
+    EXPECT_TRUE(
+        run_case(*comm, {DType::f32, ReduceOp::sum, 20000, 0}, false, host::Result::timeout));
     const auto s = std::chrono::duration<double>(Clock::now() - t0).count();
     EXPECT_LT(s, 6.0) << "the bound is about 3.2 s after the switch's last answer";
     EXPECT_NE(comm->last_error().find("stopped answering"), std::string::npos)
@@ -520,7 +522,7 @@ TEST(Communicator, NotOffloadableFallsBackPerCall) {
   FakeSwitch sw2({.world = 1, .dtype_mask = 0x3F & ~(1u << 1)});
   auto comm = make(sw2.options(0, "mask-network", Path::network));
   ASSERT_NE(comm, nullptr);
-  EXPECT_TRUE(run_case(*comm, {DType::f16, ReduceOp::sum, 10, 0}, false, Result::refused));
+  EXPECT_TRUE(run_case(*comm, {DType::f16, ReduceOp::sum, 10, 0}, false, host::Result::refused));
   EXPECT_NE(comm->last_error().find("cannot reduce f16 sum"), std::string::npos);
   EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 10, 0}, false));
 }
@@ -531,11 +533,11 @@ TEST(Communicator, NotOffloadableFallsBackPerCall) {
 // crash and never a silent default.
 TEST(Communicator, TransportIsChosenByTheEnvironment) {
   FakeSwitch sw({.world = 1});
-  Result r = Result::ok;
+  host::Result r = host::Result::ok;
   std::string error;
   setenv("TREEDUCE_TRANSPORT", "carrier-pigeon", 1);
   EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr);
-  EXPECT_EQ(r, Result::unavailable);
+  EXPECT_EQ(r, host::Result::unavailable);
   EXPECT_NE(error.find("TREEDUCE_TRANSPORT is \"carrier-pigeon\"; this build knows udp"),
             std::string::npos)
       << error;
@@ -555,7 +557,7 @@ TEST(Communicator, TransportIsChosenByTheEnvironment) {
     error.clear();
     EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr)
         << name << "=" << value;
-    EXPECT_EQ(r, Result::unavailable);
+    EXPECT_EQ(r, host::Result::unavailable);
     EXPECT_NE(error.find(std::string(name) + " is '" + value + "', not a whole number from"),
               std::string::npos)
         << error;
@@ -569,7 +571,7 @@ TEST(Communicator, TransportIsChosenByTheEnvironment) {
   unsetenv("TREEDUCE_TRANSPORT");
   ASSERT_NE(comm, nullptr);
   float x = 2;
-  EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), Result::ok);
+  EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), host::Result::ok);
   EXPECT_EQ(x, 2.0f);
 }
 
@@ -583,12 +585,12 @@ TEST(Communicator, EnvironmentForcesHostPath) {
   setenv("TREEDUCE_WORLD_SIZE", "2", 1);
   Options env;
   std::string error;
-  const Result r = options_from_environment(&env, &error);
+  const host::Result r = options_from_environment(&env, &error);
   unsetenv("TREEDUCE_PATH");
   unsetenv("TREEDUCE_JOB");
   unsetenv("TREEDUCE_RANK");
   unsetenv("TREEDUCE_WORLD_SIZE");
-  ASSERT_EQ(r, Result::ok) << error;
+  ASSERT_EQ(r, host::Result::ok) << error;
   ASSERT_EQ(env.path, Path::host);
   run_ranks(kWorld, [&](std::uint32_t rank) {
     Options o = sw.options(rank, env.job, env.path);
@@ -599,7 +601,7 @@ TEST(Communicator, EnvironmentForcesHostPath) {
     EXPECT_FALSE(comm->offloads(DType::f32, ReduceOp::sum));
     EXPECT_TRUE(run_case(*comm, {DType::bf16, ReduceOp::sum, 3000, 0}, false));
     EXPECT_TRUE(run_case(*comm, {DType::i32, ReduceOp::max, 3, 0}, true));
-    EXPECT_EQ(comm->barrier(), Result::ok);
+    EXPECT_EQ(comm->barrier(), host::Result::ok);
     const Stats s = comm->stats();
     EXPECT_EQ(s.network_ops, 0u);
     EXPECT_EQ(s.fallback_ops, 3u);
@@ -619,7 +621,7 @@ TEST(Communicator, SwitchRefusalFallsBack) {
     o.static_tree.key = kKey + 1;
     auto net = make(o);
     ASSERT_NE(net, nullptr);
-    EXPECT_TRUE(run_case(*net, {DType::i32, ReduceOp::sum, 100, 0}, false, Result::refused));
+    EXPECT_TRUE(run_case(*net, {DType::i32, ReduceOp::sum, 100, 0}, false, host::Result::refused));
     EXPECT_NE(net->last_error().find("NACK bad_key"), std::string::npos) << net->last_error();
     net.reset();
     o.path = Path::auto_select;
@@ -650,11 +652,11 @@ TEST(Communicator, UnreachableManager) {
   o.host = "127.0.0.10";
   o.path = Path::network;
   o.join_timeout_ms = 2000;
-  Result r = Result::ok;
+  host::Result r = host::Result::ok;
   std::string error;
   auto t0 = Clock::now();
   EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
-  EXPECT_EQ(r, Result::unavailable) << error;
+  EXPECT_EQ(r, host::Result::unavailable) << error;
   EXPECT_NE(error.find(manager), std::string::npos) << error;
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
 
@@ -686,10 +688,10 @@ TEST(Communicator, NetworkPathWithoutTreeIsUnavailable) {
   Options o;
   o.job = "nothing";
   o.path = Path::network;
-  Result r = Result::ok;
+  host::Result r = host::Result::ok;
   std::string error;
   EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
-  EXPECT_EQ(r, Result::unavailable);
+  EXPECT_EQ(r, host::Result::unavailable);
   EXPECT_NE(error.find("no static tree"), std::string::npos) << error;
 }
 
@@ -724,8 +726,8 @@ TEST_P(UdpTransportTest, SegmentsAndSpreadsSourcePorts) {
   std::vector<OutPacket> p(16);
   for (std::uint16_t i = 0; i < 16; ++i) {
     p[i].td = dp::TdHdr{};
-    p[i].td.slot = dp::bswap_be(i);
-    p[i].td.chunk = dp::bswap_be(std::uint32_t{i});
+    p[i].td.slot.set(i);
+    p[i].td.chunk.set(std::uint32_t{i});
     p[i].payload = payload.data() + 256 * i;
     p[i].payload_len = i == 15 ? 100 : 256;
   }
@@ -739,7 +741,7 @@ TEST_P(UdpTransportTest, SegmentsAndSpreadsSourcePorts) {
     socklen_t sl = sizeof src;
     const ssize_t n = recvfrom(rx, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&src), &sl);
     const auto td = dp::load_header<dp::TdHdr>(buf);
-    const std::uint32_t chunk = dp::bswap_be(td.chunk);
+    const std::uint32_t chunk = td.chunk.get();
     ASSERT_LT(chunk, 16u);
     EXPECT_EQ(n, static_cast<ssize_t>(32 + p[chunk].payload_len));
     EXPECT_EQ(std::memcmp(buf + 32, p[chunk].payload, p[chunk].payload_len), 0);

@@ -71,13 +71,13 @@ dp::TdHdr header(std::uint32_t chunk, std::uint16_t count) {
   td.opcode = static_cast<std::uint8_t>(dp::Opcode::contrib);
   td.dtype = 1;
   td.op = 0;
-  td.tree_id = dp::bswap_be(std::uint16_t{7});
-  td.slot = dp::bswap_be(static_cast<std::uint16_t>(chunk % 16));
-  td.count = dp::bswap_be(count);
-  td.ncontrib = dp::bswap_be(std::uint16_t{1});
-  td.chunk = dp::bswap_be(chunk);
-  td.seq = dp::bswap_be(std::uint32_t{3});
-  td.key = dp::bswap_be(std::uint64_t{0x1122334455667788});
+  td.tree_id.set(std::uint16_t{7});
+  td.slot.set(static_cast<std::uint16_t>(chunk % 16));
+  td.count.set(count);
+  td.ncontrib.set(std::uint16_t{1});
+  td.chunk.set(chunk);
+  td.seq.set(std::uint32_t{3});
+  td.key.set(std::uint64_t{0x1122334455667788});
   return td;
 }
 
@@ -199,9 +199,9 @@ TEST(DpdkTransport, SendBuildsWholeFrames) {
     EXPECT_EQ(std::memcmp(eth.dst, kLeafMac, 6), 0);
     EXPECT_EQ(std::memcmp(eth.src, kLocalMac, 6), 0);
     const auto ip = dp::load_header<dp::Ipv4Hdr>(f + sizeof(dp::EtherHdr));
-    EXPECT_EQ(dp::bswap_be(ip.fragment), 0x4000);  // DF
+    EXPECT_EQ(ip.fragment.get(), 0x4000);  // DF
     dp::Parsed ps;
-    ASSERT_EQ(dp::parse_frame(f, len, kLeafIp, kLeafPort, &ps), dp::ParseError::ok);
+    ASSERT_EQ(dp::parse_frame(f, len, kLeafIp, kLeafPort, &ps), dp::DropReason::none);
     EXPECT_EQ(ps.src_ip, kLocalIp);
     EXPECT_EQ(ps.src_port, kLocalPort);
     EXPECT_EQ(std::memcmp(&ps.td, &out[i].td, sizeof(dp::TdHdr)), 0);

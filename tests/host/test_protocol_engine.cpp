@@ -28,7 +28,7 @@ EngineConfig cfg() {
 dp::TdHdr result_for(const OutPacket& p, std::uint16_t ncontrib = 4) {
   dp::TdHdr r = p.td;
   r.opcode = static_cast<std::uint8_t>(dp::Opcode::result);
-  r.ncontrib = bswap_be(ncontrib);
+  r.ncontrib.set(ncontrib);
   return r;
 }
 
@@ -40,12 +40,12 @@ TEST(ProtocolEngine, WindowSlotsAndCompletion) {
   EXPECT_EQ(e.start(in.data(), out.data(), 1, DType::f32, ReduceOp::sum), Status::invalid);
   OutPacket p[8];
   ASSERT_EQ(e.poll(0, p, 8), 2u);  // window = 2 slots
-  EXPECT_EQ(bswap_be(p[0].td.chunk), 0u);
-  EXPECT_EQ(bswap_be(p[1].td.chunk), 1u);
-  EXPECT_EQ(bswap_be(p[1].td.slot), 1);
-  EXPECT_EQ(bswap_be(p[0].td.count), 64);
-  EXPECT_EQ(bswap_be(p[0].td.child), 2);
-  EXPECT_EQ(bswap_be(p[0].td.key), 99u);
+  EXPECT_EQ(p[0].td.chunk.get(), 0u);
+  EXPECT_EQ(p[1].td.chunk.get(), 1u);
+  EXPECT_EQ(p[1].td.slot.get(), 1);
+  EXPECT_EQ(p[0].td.count.get(), 64);
+  EXPECT_EQ(p[0].td.child.get(), 2);
+  EXPECT_EQ(p[0].td.key.get(), 99u);
   EXPECT_EQ(p[0].payload_len, 256u);
   EXPECT_EQ(e.poll(0, p, 8), 0u);
   // Result of chunk 1 first: chunk 3 (slot 1, version 1) may go; chunk 2 still waits for slot 0.
@@ -54,10 +54,10 @@ TEST(ProtocolEngine, WindowSlotsAndCompletion) {
   EXPECT_EQ(e.poll(10, q, 8), 0u);  // in order: chunk 2 needs slot 0
   e.on_packet(result_for(p[0]), p[0].payload, p[0].payload_len);
   ASSERT_EQ(e.poll(20, q, 8), 2u);
-  EXPECT_EQ(bswap_be(q[0].td.chunk), 2u);
+  EXPECT_EQ(q[0].td.chunk.get(), 2u);
   EXPECT_EQ(q[0].td.slot_ver, 1);
-  EXPECT_EQ(bswap_be(q[1].td.chunk), 3u);
-  EXPECT_EQ(bswap_be(q[1].td.count), 200 - 3 * 64);  // the last, short chunk
+  EXPECT_EQ(q[1].td.chunk.get(), 3u);
+  EXPECT_EQ(q[1].td.count.get(), 200 - 3 * 64);  // the last, short chunk
   EXPECT_EQ(q[1].payload_len, 8u * 4);
   // A duplicate result of an old chunk changes nothing.
   e.on_packet(result_for(p[0]), p[0].payload, p[0].payload_len);
@@ -69,8 +69,8 @@ TEST(ProtocolEngine, WindowSlotsAndCompletion) {
   // The next collective continues the chunk stream and bumps the sequence.
   ASSERT_EQ(e.start(in.data(), out.data(), 10, DType::f32, ReduceOp::sum), Status::running);
   ASSERT_EQ(e.poll(30, p, 8), 1u);
-  EXPECT_EQ(bswap_be(p[0].td.chunk), 4u);
-  EXPECT_EQ(bswap_be(p[0].td.seq), 1u);
+  EXPECT_EQ(p[0].td.chunk.get(), 4u);
+  EXPECT_EQ(p[0].td.seq.get(), 1u);
 }
 
 TEST(ProtocolEngine, RetransmitsWithExponentialBackoffThenTimesOut) {
@@ -103,9 +103,9 @@ TEST(ProtocolEngine, NackFailsWithTheReason) {
   dp::TdHdr n = p[0].td;
   n.opcode = static_cast<std::uint8_t>(dp::Opcode::nack);
   n.reason = static_cast<std::uint8_t>(dp::DropReason::bad_key);
-  n.key = 0;
+  n.key.set(0);
   dp::TdHdr other = n;
-  other.chunk = bswap_be(std::uint32_t{7});  // not in flight: ignored
+  other.chunk.set(std::uint32_t{7});  // not in flight: ignored
   e.on_packet(other, nullptr, 0);
   EXPECT_EQ(e.status(), Status::running);
   e.on_packet(n, nullptr, 0);
@@ -128,16 +128,21 @@ TEST(ProtocolEngine, ResultsAreChecked) {
     return e.status();
   };
   EXPECT_EQ(run([](dp::TdHdr&, std::size_t&) {}), Status::done);
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.ncontrib = bswap_be(std::uint16_t{3}); }),
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.ncontrib.set(std::uint16_t{3}); }),
             Status::bad_result);
   EXPECT_EQ(run([](dp::TdHdr&, std::size_t& l) { l -= 4; }), Status::bad_result);
   EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.dtype = 1; }), Status::bad_result);
   // Not ours at all: ignored, still running.
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.key = 1; }), Status::running);
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.tree_id = 1; }), Status::running);
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.seq = bswap_be(std::uint32_t{5}); }),
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.key.set(r.key.get() + 1); }), Status::running);
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) {
+              r.tree_id.set(static_cast<std::uint16_t>(r.tree_id.get() + 1));
+            }),
             Status::running);
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.child = 0; }), Status::running);
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.seq.set(std::uint32_t{5}); }), Status::running);
+  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) {
+              r.child.set(static_cast<std::uint16_t>(r.child.get() + 1));
+            }),
+            Status::running);
 }
 
 TEST(ProtocolEngine, InvalidStarts) {

@@ -43,13 +43,13 @@ dp::TdHdr contrib_header(std::uint16_t count) {
   dp::TdHdr td{};
   td.version = dp::kProtocolVersion;
   td.opcode = static_cast<std::uint8_t>(dp::Opcode::contrib);
-  td.tree_id = dp::bswap_be(std::uint16_t{7});
-  td.slot = dp::bswap_be(std::uint16_t{3});
-  td.count = dp::bswap_be(count);
-  td.ncontrib = dp::bswap_be(std::uint16_t{1});
-  td.chunk = dp::bswap_be(std::uint32_t{42});
-  td.seq = dp::bswap_be(std::uint32_t{5});
-  td.key = dp::bswap_be(std::uint64_t{0x1122334455667788u});
+  td.tree_id.set(std::uint16_t{7});
+  td.slot.set(std::uint16_t{3});
+  td.count.set(count);
+  td.ncontrib.set(std::uint16_t{1});
+  td.chunk.set(std::uint32_t{42});
+  td.seq.set(std::uint32_t{5});
+  td.key.set(std::uint64_t{0x1122334455667788u});
   return td;
 }
 
@@ -151,7 +151,8 @@ TEST(VerbsTransport, BuildTxFrameIsAValidFrameToTheLeaf) {
 
   // What the leaf switch sees.
   dp::Parsed parsed;
-  ASSERT_EQ(dp::parse_frame(buf.data(), len, r.leaf.ip, r.leaf.port, &parsed), dp::ParseError::ok);
+  ASSERT_EQ(dp::parse_frame(buf.data(), len, r.leaf.ip, r.leaf.port, &parsed),
+            dp::DropReason::none);
   EXPECT_EQ(parsed.src_ip, r.self.ip);
   EXPECT_EQ(parsed.dst_ip, r.leaf.ip);
   EXPECT_EQ(parsed.src_port, r.self.port);

@@ -98,7 +98,7 @@ int Fabric::install(const JobSpec& spec, const TopoNode& n, int job, bool is_roo
     total = static_cast<std::uint16_t>(total + h);
   }
   *hosts = total;
-  return s.core->install_tree(tc) == 0 ? 0 : -1;
+  return s.core->install_tree(tc).ok() ? 0 : -1;
 }
 
 int Fabric::add_job(const JobSpec& spec) {
@@ -125,6 +125,9 @@ std::vector<const HostNode*> Fabric::hosts(int job) const {
 }
 
 void Fabric::send_raw(int node, std::vector<std::uint8_t> frame, std::uint64_t at) {
+  const std::uint64_t poll = link_.switch_poll_ns;
+  if (poll != 0 && nodes_[static_cast<std::size_t>(node)].is_switch)
+    at = (at + poll - 1) / poll * poll;
   queue_.push(Ev{at, order_++, node, std::move(frame)});
 }
 
@@ -139,7 +142,7 @@ void Fabric::inject(int sw, std::vector<std::uint8_t> frame, std::uint64_t at_ns
 void Fabric::send(const std::uint8_t* frame, std::size_t len) {
   ++stats_.sent;
   const auto ip = dp::load_header<dp::Ipv4Hdr>(frame + sizeof(dp::EtherHdr));
-  const auto it = by_ip_.find(dp::bswap_be(ip.dst_addr));
+  const auto it = by_ip_.find(ip.dst_addr.get());
   if (it == by_ip_.end()) {
     ++stats_.unroutable;
     return;
@@ -157,7 +160,36 @@ void Fabric::send(const std::uint8_t* frame, std::size_t len) {
             ? 0
             : std::uniform_int_distribution<std::uint64_t>(0, link_.jitter_ns)(rng_);
     send_raw(it->second, std::vector<std::uint8_t>(frame, frame + len),
-             now_ + link_.delay_ns + jitter);
+             now_ + link_.delay_ns + jitter + (c == 1 ? link_.dup_delay_ns : 0));
+  }
+}
+
+void Fabric::check_result(const std::uint8_t* frame, std::size_t len) {
+  const auto td = dp::load_header<dp::TdHdr>(frame + dp::kFrameHeaderBytes - sizeof(dp::TdHdr));
+  if (td.opcode != static_cast<std::uint8_t>(dp::Opcode::result)) return;
+  ++stats_.results_checked;
+  std::size_t j = 0;
+  while (j < jobs_.size() && jobs_[j].tree_id != td.tree_id.get()) ++j;
+  const std::uint32_t seq = td.seq.get();  // the engine counts collectives from 0
+  if (j == jobs_.size() || seq >= jobs_[j].inputs.size()) {
+    ++stats_.wrong_results;
+    return;
+  }
+  const JobSpec& spec = jobs_[j];
+  refs_.resize(jobs_.size());
+  while (refs_[j].size() <= seq) refs_[j].push_back(reference(spec, refs_[j].size()));
+  // Chunks continue from one collective to the next: the first of collective `seq`.
+  const std::size_t per = spec.payload_bytes / dtype_size(spec.dtype);
+  std::uint32_t first = 0;
+  for (std::uint32_t c = 0; c < seq; ++c)
+    first += static_cast<std::uint32_t>(
+        (spec.inputs[c][0].size() / dtype_size(spec.dtype) + per - 1) / per);
+  const std::size_t off = std::size_t{td.chunk.get() - first} * spec.payload_bytes;
+  const std::size_t n = len - dp::kFrameHeaderBytes;
+  const auto& ref = refs_[j][seq];
+  if (off + n > ref.size() ||
+      std::memcmp(frame + dp::kFrameHeaderBytes, ref.data() + off, n) != 0) {
+    ++stats_.wrong_results;
   }
 }
 
@@ -250,6 +282,7 @@ bool Fabric::run(std::uint64_t limit_ns) {
             if (tx_[k].payload_len != 0) {
               std::memcpy(buf + dp::kFrameHeaderBytes, tx_[k].payload, tx_[k].payload_len);
             }
+            if (check_results_) check_result(buf, tx_[k].len());
             send(buf, tx_[k].len());
           }
         }
@@ -258,7 +291,7 @@ bool Fabric::run(std::uint64_t limit_ns) {
         for (const auto& f : frames) {
           dp::Parsed p;
           if (dp::parse_frame(f.data(), f.size(), h.addr.ip, h.addr.port, &p) !=
-              dp::ParseError::ok) {
+              dp::DropReason::none) {
             continue;
           }
           if (!h.finished) h.engine->on_packet(p.td, p.payload, p.payload_len);

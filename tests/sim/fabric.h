@@ -21,6 +21,12 @@ struct LinkModel {
   double dup = 0.0;               ///< probability a frame is delivered twice
   std::uint64_t delay_ns = 2000;  ///< base one-way delay
   std::uint64_t jitter_ns = 0;    ///< extra uniform delay in [0, jitter]: reorders frames
+  /// Switches read what arrived every this often, in bursts, as a polling switch drains its RX
+  /// ring (0: each frame as it arrives).
+  std::uint64_t switch_poll_ns = 0;
+  /// The second copy of a duplicated frame comes this much later (a late copy, as after a path
+  /// change), on top of its own delay.
+  std::uint64_t dup_delay_ns = 0;
 };
 
 /// A tree shape: a switch (sw >= 0, an index from Fabric::add_switch) with children, or a host
@@ -60,6 +66,9 @@ struct HostNode {
 
 struct FabricStats {
   std::uint64_t sent = 0, lost = 0, duplicated = 0, delivered = 0, unroutable = 0;
+  /// With check_results_in_flight(): RESULT frames the switches sent, and those whose payload
+  /// was not the reference result of the chunk their header names.
+  std::uint64_t results_checked = 0, wrong_results = 0;
 };
 
 class Fabric {
@@ -74,6 +83,10 @@ class Fabric {
   /// Run until every host finished every collective or virtual time passes `limit_ns`. Returns
   /// true when all hosts completed all collectives successfully.
   bool run(std::uint64_t limit_ns = 10'000'000'000ULL);
+  /// Check every RESULT a switch sends, at any level, as a receiver that trusts headers would:
+  /// its payload must be the reference result (reference()) of the chunk and collective its
+  /// header names. Valid where reference() is exact (exact data, or deterministic trees).
+  void check_results_in_flight(bool on) { check_results_ = on; }
   /// Deliver a frame to a switch at virtual time `at_ns` (for injected bad traffic).
   void inject(int sw, std::vector<std::uint8_t> frame, std::uint64_t at_ns);
 
@@ -112,6 +125,7 @@ class Fabric {
   int install(const JobSpec& spec, const TopoNode& n, int job, bool is_root,
               const dp::Endpoint& parent, std::uint16_t index_at_parent, std::uint16_t* hosts);
   void host_step(HostNode& h);
+  void check_result(const std::uint8_t* frame, std::size_t len);
   void start_collective(HostNode& h);
 
   std::mt19937_64 rng_;
@@ -127,6 +141,9 @@ class Fabric {
   std::priority_queue<Ev, std::vector<Ev>, std::greater<>> queue_;
   std::vector<dp::TxFrame> tx_;
   FabricStats stats_;
+  bool check_results_ = false;
+  /// Per job: reference results per collective, computed on first use.
+  std::vector<std::vector<std::vector<std::uint8_t>>> refs_;
 };
 
 /// Reference result of one collective of a job: each switch folds its children's payloads in child

@@ -193,7 +193,10 @@ inline std::vector<std::vector<std::uint8_t>> run_scenario(const Scenario& s,
   const int job = fab.add_job(spec);
   EXPECT_EQ(job, 0) << what;
   if (job != 0) return {};
+  fab.check_results_in_flight(true);
   EXPECT_TRUE(fab.run()) << what;
+  EXPECT_GT(fab.stats().results_checked, 0u) << what;
+  EXPECT_EQ(fab.stats().wrong_results, 0u) << what << ": a RESULT carried another chunk's data";
   expect_results(fab, job, what);
   expect_exact_counts(fab, fab.job(job), fab.job(job).root, true, what);
   if (stats != nullptr) *stats = fab.stats();

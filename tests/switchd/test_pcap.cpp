@@ -170,15 +170,15 @@ dp::TdHdr td(const dp::TreeConfig& tree, dp::Opcode oc, std::uint16_t child_inde
   h.opcode = static_cast<std::uint8_t>(oc);
   h.dtype = static_cast<std::uint8_t>(d);
   h.op = static_cast<std::uint8_t>(op);
-  h.tree_id = dp::bswap_be(tree.tree_id);
-  h.child = dp::bswap_be(child_index);
-  h.slot = dp::bswap_be(static_cast<std::uint16_t>(chunk % tree.slots));
+  h.tree_id.set(tree.tree_id);
+  h.child.set(child_index);
+  h.slot.set(static_cast<std::uint16_t>(chunk % tree.slots));
   h.slot_ver = static_cast<std::uint8_t>((chunk / tree.slots) % 2);
-  h.count = dp::bswap_be(count);
-  h.ncontrib = dp::bswap_be(ncontrib);
-  h.chunk = dp::bswap_be(chunk);
-  h.seq = dp::bswap_be(seq);
-  h.key = dp::bswap_be(tree.key);
+  h.count.set(count);
+  h.ncontrib.set(ncontrib);
+  h.chunk.set(chunk);
+  h.seq.set(seq);
+  h.key.set(tree.key);
   return h;
 }
 
@@ -234,8 +234,8 @@ Frame with_ip(Frame f, Fn&& change, bool keep_checksum = false) {
   dp::Ipv4Hdr ip = ip_of(f);
   change(ip);
   if (!keep_checksum) {
-    ip.hdr_checksum = 0;
-    ip.hdr_checksum = dp::bswap_be(dp::ipv4_checksum(ip));
+    ip.hdr_checksum.set(0);
+    ip.hdr_checksum.set(dp::ipv4_checksum(ip));
   }
   dp::store_header(f.data() + kIpOff, ip);
   return f;
@@ -247,17 +247,17 @@ Frame arp(const dp::Endpoint& from, std::uint16_t oper, std::uint32_t target_ip,
   std::memset(eth.dst, 0xFF, 6);
   if (oper == 2) std::memcpy(eth.dst, target_mac.data(), 6);
   std::memcpy(eth.src, from.mac, 6);
-  eth.ether_type = dp::bswap_be(dp::kEtherTypeArp);
+  eth.ether_type.set(dp::kEtherTypeArp);
   dp::ArpHdr a;
-  a.htype = dp::bswap_be(std::uint16_t{1});
-  a.ptype = dp::bswap_be(std::uint16_t{0x0800});
+  a.htype.set(std::uint16_t{1});
+  a.ptype.set(std::uint16_t{0x0800});
   a.hlen = 6;
   a.plen = 4;
-  a.oper = dp::bswap_be(oper);
+  a.oper.set(oper);
   std::memcpy(a.sha, from.mac, 6);
-  a.spa = dp::bswap_be(from.ip);
+  a.spa.set(from.ip);
   std::memcpy(a.tha, target_mac.data(), 6);
-  a.tpa = dp::bswap_be(target_ip);
+  a.tpa.set(target_ip);
   Frame f(dp::kArpFrameBytes, 0);
   dp::store_header(f.data(), eth);
   dp::store_header(f.data() + sizeof eth, a);
@@ -273,24 +273,24 @@ Frame icmp_echo(const dp::Endpoint& from, std::uint32_t dst_ip, std::uint8_t typ
   dp::EtherHdr eth;
   std::memcpy(eth.dst, kPortMac.data(), 6);
   std::memcpy(eth.src, from.mac, 6);
-  eth.ether_type = dp::bswap_be(std::uint16_t{0x0800});
+  eth.ether_type.set(std::uint16_t{0x0800});
   dp::Ipv4Hdr ip{};
   ip.version_ihl = 0x45;
-  ip.total_length = dp::bswap_be(static_cast<std::uint16_t>(sizeof(dp::Ipv4Hdr) + icmp_len));
-  ip.fragment = dp::bswap_be(std::uint16_t{0x4000});
+  ip.total_length.set(static_cast<std::uint16_t>(sizeof(dp::Ipv4Hdr) + icmp_len));
+  ip.fragment.set(std::uint16_t{0x4000});
   ip.ttl = 64;
   ip.protocol = 1;
-  ip.src_addr = dp::bswap_be(from.ip);
-  ip.dst_addr = dp::bswap_be(dst_ip);
-  ip.hdr_checksum = dp::bswap_be(dp::ipv4_checksum(ip));
+  ip.src_addr.set(from.ip);
+  ip.dst_addr.set(dst_ip);
+  ip.hdr_checksum.set(dp::ipv4_checksum(ip));
   dp::IcmpHdr icmp{};
   icmp.type = type;
   icmp.rest = dp::bswap_be(static_cast<std::uint32_t>(id) << 16 | seqno);
   std::uint8_t* p = f.data() + kUdpOff;
   for (std::size_t i = 0; i < data_len; ++i) p[sizeof icmp + i] = static_cast<std::uint8_t>(i * 7);
   dp::store_header(p, icmp);
-  icmp.checksum = dp::bswap_be(dp::inet_checksum(p, icmp_len));
-  if (break_checksum) icmp.checksum ^= 0x0101;
+  icmp.checksum.set(dp::inet_checksum(p, icmp_len));
+  if (break_checksum) icmp.checksum.raw ^= 0x0101;
   dp::store_header(p, icmp);
   dp::store_header(f.data(), eth);
   dp::store_header(f.data() + kIpOff, ip);
@@ -332,7 +332,7 @@ struct Reference {
       std::memcpy(macs[n.ip].data(), n.mac, 6);
     }
     for (const dp::TreeConfig& t : ts) {
-      EXPECT_EQ(core.install_tree(t), 0) << "tree " << t.tree_id;
+      EXPECT_TRUE(core.install_tree(t).ok()) << "tree " << t.tree_id;
       trees.push_back(t.tree_id);
     }
   }
@@ -359,7 +359,7 @@ struct Reference {
         for (std::size_t k = 0; k < n; ++k) {
           Frame o(tx[k].hdr, tx[k].hdr + dp::kFrameHeaderBytes);
           o.insert(o.end(), tx[k].payload, tx[k].payload + tx[k].payload_len);
-          const auto it = macs.find(dp::bswap_be(ip_of(o).dst_addr));
+          const auto it = macs.find(ip_of(o).dst_addr.get());
           if (it == macs.end()) {
             ++daemon["tx_unresolved"];
             continue;
@@ -806,13 +806,13 @@ void expect_from_switch(const Frame& f, const dp::Endpoint& dst, const std::stri
   EXPECT_EQ(std::memcmp(eth.src, kPortMac.data(), 6), 0) << "Ethernet source: the port's MAC";
   const dp::Ipv4Hdr ip = ip_of(f);
   EXPECT_EQ(dp::ipv4_checksum(ip), 0) << "IPv4 checksum";
-  EXPECT_EQ(dp::bswap_be(ip.total_length), f.size() - kIpOff);
-  EXPECT_EQ(dp::bswap_be(ip.src_addr), kDataIp);
-  EXPECT_EQ(dp::bswap_be(ip.dst_addr), dst.ip);
+  EXPECT_EQ(ip.total_length.get(), f.size() - kIpOff);
+  EXPECT_EQ(ip.src_addr.get(), kDataIp);
+  EXPECT_EQ(ip.dst_addr.get(), dst.ip);
   const dp::UdpHdr udp = udp_of(f);
-  EXPECT_EQ(dp::bswap_be(udp.src_port), dp::kDefaultUdpPort);
-  EXPECT_EQ(dp::bswap_be(udp.dst_port), dst.port);
-  EXPECT_EQ(dp::bswap_be(udp.dgram_len), f.size() - kUdpOff);
+  EXPECT_EQ(udp.src_port.get(), dp::kDefaultUdpPort);
+  EXPECT_EQ(udp.dst_port.get(), dst.port);
+  EXPECT_EQ(udp.dgram_len.get(), f.size() - kUdpOff);
 }
 
 struct Want {
@@ -827,14 +827,14 @@ void expect_td(const Frame& f, const dp::TreeConfig& t, const Want& w, const std
   const dp::TdHdr h = td_of(f);
   EXPECT_EQ(h.version, dp::kProtocolVersion);
   EXPECT_EQ(h.opcode, static_cast<std::uint8_t>(w.opcode));
-  EXPECT_EQ(dp::bswap_be(h.tree_id), t.tree_id);
-  EXPECT_EQ(dp::bswap_be(h.chunk), w.chunk);
-  EXPECT_EQ(dp::bswap_be(h.slot), w.chunk % t.slots);
+  EXPECT_EQ(h.tree_id.get(), t.tree_id);
+  EXPECT_EQ(h.chunk.get(), w.chunk);
+  EXPECT_EQ(h.slot.get(), w.chunk % t.slots);
   EXPECT_EQ(h.slot_ver, (w.chunk / t.slots) % 2);
-  EXPECT_EQ(dp::bswap_be(h.child), w.child);
-  EXPECT_EQ(dp::bswap_be(h.ncontrib), w.ncontrib);
+  EXPECT_EQ(h.child.get(), w.child);
+  EXPECT_EQ(h.ncontrib.get(), w.ncontrib);
   EXPECT_EQ(h.reason, 0);
-  EXPECT_EQ(dp::bswap_be(h.key), t.key);
+  EXPECT_EQ(h.key.get(), t.key);
   EXPECT_TRUE(payload_of(f) == w.payload) << "payload";
 }
 
@@ -849,9 +849,9 @@ void expect_nack(const Frame& f, const Frame& refused, const dp::Endpoint& to,
   echo.version = dp::kProtocolVersion;
   echo.opcode = static_cast<std::uint8_t>(dp::Opcode::nack);
   echo.reason = static_cast<std::uint8_t>(reason);
-  echo.count = 0;
-  echo.ncontrib = 0;
-  echo.key = 0;
+  echo.count.set(0);
+  echo.ncontrib.set(0);
+  echo.key.set(0);
   EXPECT_EQ(n.reason, static_cast<std::uint8_t>(reason))
       << "NACK reason " << static_cast<int>(n.reason) << ", want " << dp::name(reason);
   EXPECT_EQ(std::memcmp(&n, &echo, sizeof n), 0) << "the NACK echoes the refused header";
@@ -916,8 +916,8 @@ TEST(SwitchdPcap, Leaf) {
   const auto parent_result = [&](std::uint32_t c) {
     const auto v = result(c);
     return to_switch(kParent,
-                     td(t, dp::Opcode::result, 0, c, static_cast<std::uint16_t>(v.size()),
-                        DType::f32, ReduceOp::sum, 0, 4),
+                     td(t, dp::Opcode::result, t.index_at_parent, c,
+                        static_cast<std::uint16_t>(v.size()), DType::f32, ReduceOp::sum, 0, 4),
                      elems_f32(v));
   };
   Input in;
@@ -939,8 +939,14 @@ TEST(SwitchdPcap, Leaf) {
   // Phase C: duplicates and stale traffic, then chunk 4 (slot 0, version 1).
   in.add(contrib(0, 2));     // after the result: unicast RESULT 2 to host 0
   in.add(parent_result(0));  // duplicate_result
-  in.add(to_switch(kParent, td(t, dp::Opcode::result, 0, 9, 64, DType::f32, ReduceOp::sum, 0, 4),
+  in.add(to_switch(kParent,
+                   td(t, dp::Opcode::result, t.index_at_parent, 9, 64, DType::f32,
+                      ReduceOp::sum, 0, 4),
                    elems_f32(result(9))));  // stale_result: slot 1 holds chunk 1
+  in.add(to_switch(kParent,
+                   td(t, dp::Opcode::result, 0, 3, static_cast<std::uint16_t>(result(3).size()),
+                      DType::f32, ReduceOp::sum, 0, 4),
+                   elems_f32(result(3))));  // bad_child: RESULTs name our index at the parent
   in.add(contrib(0, 4));
   in.add(contrib(1, 4));  // -> partial 4
   in.next_burst();
@@ -984,7 +990,10 @@ TEST(SwitchdPcap, Leaf) {
     expect_td(out[k], t, partial(8), "partial 8");
   };
   run_scenario("leaf", "leaf.yaml", {t}, in, semantics,
-               {{"duplicate_pending", 1}, {"duplicate_result", 1}, {"stale_result", 1}},
+               {{"duplicate_pending", 1},
+                {"duplicate_result", 1},
+                {"stale_result", 1},
+                {"bad_child", 1}},
                {{"contrib_accepted", 12},
                 {"partial_sent", 6},
                 {"partial_resent", 1},
@@ -1091,7 +1100,7 @@ TEST(SwitchdPcap, Root) {
         expect_td(f, t, Want{dp::Opcode::result, c, i, 4, payload(ch.d, want)}, what);
         EXPECT_EQ(td_of(f).dtype, static_cast<std::uint8_t>(ch.d));
         EXPECT_EQ(td_of(f).op, static_cast<std::uint8_t>(ch.op));
-        EXPECT_EQ(dp::bswap_be(td_of(f).seq), 2u);
+        EXPECT_EQ(td_of(f).seq.get(), 2u);
       }
     }
     const Frame child_order = elems_f32(std::vector<float>(64, (1e8f + -1e8f) + 1.0f));
@@ -1140,10 +1149,10 @@ TEST(SwitchdPcap, Refusals) {
     nacked.push_back({f, from, reason});
   };
   dp::TdHdr h = ok_td(0, 0);
-  h.key = dp::bswap_be(kBasicKey + 1);
+  h.key.set(kBasicKey + 1);
   refuse(host(0), h, p8, dp::DropReason::bad_key);
   h = ok_td(0, 0);
-  h.tree_id = dp::bswap_be(std::uint16_t{99});
+  h.tree_id.set(std::uint16_t{99});
   refuse(host(0), h, p8, dp::DropReason::unknown_tree);
   h = ok_td(0, 0);
   h.version = 2;
@@ -1160,10 +1169,10 @@ TEST(SwitchdPcap, Refusals) {
   h.op = static_cast<std::uint8_t>(ReduceOp::min);
   refuse(host(1), h, p8, dp::DropReason::bad_dtype_op);
   h = ok_td(0, 0);
-  h.slot = dp::bswap_be(std::uint16_t{1});
+  h.slot.set(std::uint16_t{1});
   refuse(host(0), h, p8, dp::DropReason::bad_slot);
   h = ok_td(0, 0);
-  h.ncontrib = dp::bswap_be(std::uint16_t{2});
+  h.ncontrib.set(std::uint16_t{2});
   refuse(host(0), h, p8, dp::DropReason::bad_ncontrib);
   in.add(to_switch(host(0), ok_td(0, 0, 8), p8));  // accepted: chunk 0 has 8 elements
   refuse(host(1), ok_td(1, 0, 9), elems_f32(ramp(9, 1, 0)), dp::DropReason::chunk_mismatch);
@@ -1176,7 +1185,7 @@ TEST(SwitchdPcap, Refusals) {
   in.add(to_switch(host(1), ok_td(1, 10, 8, 3), p8));  // stale_seq: newer chunk, older seq
   h = td(t, dp::Opcode::result, 0, 0, 8, DType::f32, ReduceOp::sum, 0, 2);
   in.add(to_switch(host(0), h, p8));  // unexpected_result: a root gets no RESULT
-  h.key = 0;
+  h.key.set(0);
   in.add(to_switch(host(0), h, p8));  // bad_key, not answered: only CONTRIBs are
   h = ok_td(0, 0);
   h.opcode = static_cast<std::uint8_t>(dp::Opcode::nack);
@@ -1235,7 +1244,7 @@ TEST(SwitchdPcap, Malformed) {
   {
     Frame f = good;  // not_ipv4: an IPv6 EtherType
     dp::EtherHdr e = eth_of(f);
-    e.ether_type = dp::bswap_be(std::uint16_t{0x86DD});
+    e.ether_type.set(std::uint16_t{0x86DD});
     dp::store_header(f.data(), e);
     in.add(f);
   }
@@ -1247,40 +1256,57 @@ TEST(SwitchdPcap, Malformed) {
     f.insert(f.end(), good.begin() + kUdpOff, good.end());
     dp::Ipv4Hdr ip = ip_of(f);
     ip.version_ihl = 0x46;
-    ip.total_length = dp::bswap_be(static_cast<std::uint16_t>(f.size() - kIpOff));
-    ip.hdr_checksum = 0;
+    ip.total_length.set(static_cast<std::uint16_t>(f.size() - kIpOff));
+    ip.hdr_checksum.set(0);
     dp::store_header(f.data() + kIpOff, ip);
-    ip.hdr_checksum = dp::bswap_be(dp::inet_checksum(f.data() + kIpOff, 24));
+    ip.hdr_checksum.set(dp::inet_checksum(f.data() + kIpOff, 24));
     dp::store_header(f.data() + kIpOff, ip);
     ASSERT_EQ(dp::inet_checksum(f.data() + kIpOff, 24), 0);
     in.add(f);
   }
   in.add(with_ip(
-      good, [](dp::Ipv4Hdr& ip) { ip.hdr_checksum ^= 0x0100; }, true));  // checksum
+      good, [](dp::Ipv4Hdr& ip) { ip.hdr_checksum.raw ^= 0x0100; }, true));  // checksum
   in.add(with_ip(good, [](dp::Ipv4Hdr& ip) {  // ip_bad_length: longer than the frame
-    ip.total_length = dp::bswap_be(static_cast<std::uint16_t>(dp::bswap_be(ip.total_length) + 1));
+    ip.total_length.set(static_cast<std::uint16_t>(ip.total_length.get() + 1));
   }));
-  in.add(with_ip(good, [](dp::Ipv4Hdr& ip) {  // ip_bad_length: shorter than the headers
-    ip.total_length = dp::bswap_be(std::uint16_t{40});
+  in.add(with_ip(good, [](dp::Ipv4Hdr& ip) {  // ip_bad_length: shorter than IPv4 + UDP
+    ip.total_length.set(std::uint16_t{24});
   }));
-  in.add(with_ip(good, [](dp::Ipv4Hdr& ip) { ip.fragment = dp::bswap_be(std::uint16_t{0x2000}); }));
-  in.add(with_ip(good, [](dp::Ipv4Hdr& ip) { ip.fragment = dp::bswap_be(std::uint16_t{0x0010}); }));
+  in.add(with_ip(good, [](dp::Ipv4Hdr& ip) {  // udp_bad_length: the UDP length says more
+    ip.total_length.set(std::uint16_t{40});
+  }));
+  {
+    // too_short: IPv4 and UDP lengths agree, but the datagram holds 12 bytes of the treeduce
+    // header; the frame keeps its length (as Ethernet padding would).
+    Frame f = good;
+    dp::Ipv4Hdr ip = dp::load_header<dp::Ipv4Hdr>(f.data() + kIpOff);
+    ip.total_length.set(std::uint16_t{20 + 8 + 12});
+    ip.hdr_checksum.set(0);
+    ip.hdr_checksum.set(dp::ipv4_checksum(ip));
+    dp::store_header(f.data() + kIpOff, ip);
+    dp::UdpHdr u = udp_of(f);
+    u.dgram_len.set(std::uint16_t{8 + 12});
+    dp::store_header(f.data() + kUdpOff, u);
+    in.add(f);
+  }
+  in.add(with_ip(good, [](dp::Ipv4Hdr& ip) { ip.fragment.set(std::uint16_t{0x2000}); }));
+  in.add(with_ip(good, [](dp::Ipv4Hdr& ip) { ip.fragment.set(std::uint16_t{0x0010}); }));
   in.add(with_ip(good, [](dp::Ipv4Hdr& ip) { ip.protocol = 6; }));  // not_udp (TCP)
   {
     Frame f = good;  // wrong_port
     dp::UdpHdr u = udp_of(f);
-    u.dst_port = dp::bswap_be(static_cast<std::uint16_t>(dp::kDefaultUdpPort + 1));
+    u.dst_port.set(static_cast<std::uint16_t>(dp::kDefaultUdpPort + 1));
     dp::store_header(f.data() + kUdpOff, u);
     in.add(f);
   }
   {
     Frame f = good;  // udp_bad_length: a UDP length 4 bytes short of the IPv4 datagram
     dp::UdpHdr u = udp_of(f);
-    u.dgram_len = dp::bswap_be(static_cast<std::uint16_t>(dp::bswap_be(u.dgram_len) - 4));
+    u.dgram_len.set(static_cast<std::uint16_t>(u.dgram_len.get() - 4));
     dp::store_header(f.data() + kUdpOff, u);
     in.add(f);
   }
-  in.add(with_ip(good, [](dp::Ipv4Hdr& ip) { ip.dst_addr = dp::bswap_be(ipv4(10, 0, 0, 77)); }));
+  in.add(with_ip(good, [](dp::Ipv4Hdr& ip) { ip.dst_addr.set(ipv4(10, 0, 0, 77)); }));
   // Positive controls: a valid CONTRIB with 10 bytes of Ethernet padding, then its sibling.
   {
     Frame f = good;
@@ -1300,7 +1326,7 @@ TEST(SwitchdPcap, Malformed) {
     }
   };
   run_scenario("malformed", "basic.yaml", {t}, in, semantics,
-               {{"too_short", 2},
+               {{"too_short", 3},
                 {"not_ipv4", 1},
                 {"ip_bad_header", 2},
                 {"ip_bad_checksum", 1},
@@ -1308,7 +1334,7 @@ TEST(SwitchdPcap, Malformed) {
                 {"ip_fragment", 2},
                 {"not_udp", 1},
                 {"wrong_port", 1},
-                {"udp_bad_length", 1},
+                {"udp_bad_length", 2},
                 {"not_for_us", 1}},
                {{"contrib_accepted", 2},
                 {"result_multicast", 1},
@@ -1347,13 +1373,13 @@ TEST(SwitchdPcap, Neighbor) {
       const dp::EtherHdr e = eth_of(out[i]);
       EXPECT_EQ(std::memcmp(e.dst, who.mac, 6), 0);
       EXPECT_EQ(std::memcmp(e.src, kPortMac.data(), 6), 0);
-      EXPECT_EQ(dp::bswap_be(e.ether_type), dp::kEtherTypeArp);
+      EXPECT_EQ(e.ether_type.get(), dp::kEtherTypeArp);
       const auto a = dp::load_header<dp::ArpHdr>(out[i].data() + sizeof e);
-      EXPECT_EQ(dp::bswap_be(a.oper), 2);
+      EXPECT_EQ(a.oper.get(), 2);
       EXPECT_EQ(std::memcmp(a.sha, kPortMac.data(), 6), 0);
-      EXPECT_EQ(dp::bswap_be(a.spa), ip);
+      EXPECT_EQ(a.spa.get(), ip);
       EXPECT_EQ(std::memcmp(a.tha, who.mac, 6), 0);
-      EXPECT_EQ(dp::bswap_be(a.tpa), who.ip);
+      EXPECT_EQ(a.tpa.get(), who.ip);
     }
     for (std::size_t i = 2; i < 4; ++i) {
       SCOPED_TRACE("echo reply " + std::to_string(i));
@@ -1366,8 +1392,8 @@ TEST(SwitchdPcap, Neighbor) {
       EXPECT_EQ(std::memcmp(e.src, kPortMac.data(), 6), 0);
       const dp::Ipv4Hdr ip = ip_of(rep);
       EXPECT_EQ(dp::ipv4_checksum(ip), 0);
-      EXPECT_EQ(dp::bswap_be(ip.src_addr), i == 2 ? kPortIp : kDataIp);
-      EXPECT_EQ(dp::bswap_be(ip.dst_addr), who.ip);
+      EXPECT_EQ(ip.src_addr.get(), i == 2 ? kPortIp : kDataIp);
+      EXPECT_EQ(ip.dst_addr.get(), who.ip);
       EXPECT_EQ(rep[kUdpOff], 0) << "echo reply";
       EXPECT_EQ(dp::inet_checksum(rep.data() + kUdpOff, rep.size() - kUdpOff), 0);
       EXPECT_TRUE(std::equal(rep.begin() + kUdpOff + 4, rep.end(), req.begin() + kUdpOff + 4))
@@ -1443,7 +1469,9 @@ TEST(SwitchdPcap, ResentPartialAndResultInOneBurst) {
   in.add(to_switch(host(1), td(t, dp::Opcode::contrib, 1, 0, 64), elems_f32(b)));
   in.next_burst();
   in.add(to_switch(host(1), td(t, dp::Opcode::contrib, 1, 0, 64), elems_f32(b)));
-  in.add(to_switch(kParent, td(t, dp::Opcode::result, 0, 0, 64, DType::f32, ReduceOp::sum, 0, 4),
+  in.add(to_switch(kParent,
+                   td(t, dp::Opcode::result, t.index_at_parent, 0, 64, DType::f32,
+                      ReduceOp::sum, 0, 4),
                    elems_f32(r)));
   const Semantics semantics = [&](const std::vector<Frame>& out) {
     ASSERT_EQ(out.size(), 4u);

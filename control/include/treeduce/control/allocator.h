@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "treeduce/control/resources.h"
 #include "treeduce/common/status.h"
+#include "treeduce/control/resources.h"
 #include "treeduce/control/topology.h"
 
 namespace treeduce::ctl {

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "treeduce/control/allocator.h"
 #include "treeduce/common/status.h"
+#include "treeduce/control/allocator.h"
 #include "treeduce/control/store.h"
 #include "treeduce/control/topology.h"
 

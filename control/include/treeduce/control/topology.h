@@ -13,8 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "treeduce/control/resources.h"
 #include "treeduce/common/status.h"
+#include "treeduce/control/resources.h"
 
 namespace treeduce::ctl {
 

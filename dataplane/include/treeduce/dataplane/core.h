@@ -17,44 +17,13 @@
 #include <vector>
 
 #include "treeduce/aggregation/dtype.h"
+#include "treeduce/common/status.h"
 #include "treeduce/dataplane/counters.h"
 #include "treeduce/dataplane/wire.h"
 
 namespace treeduce::dp {
 
-/// Most children one switch can have in one tree: a contribution bitmap is one 64-bit word.
-inline constexpr std::size_t kMaxChildren = 64;
-/// Most slots per tree (two versions each).
-inline constexpr std::uint32_t kMaxSlots = 4096;
-
-/// A tree's role on this switch. Only root vs non-root changes behaviour; leaf/inner is for
-/// reporting (a leaf's children are hosts).
-enum class Role : std::uint8_t { leaf = 0, inner = 1, root = 2 };
-
-/// One child of a tree on this switch: a host or a switch one level down.
-struct ChildConfig {
-  Endpoint addr;            ///< where RESULTs go; CONTRIBs must come from addr.ip
-  std::uint16_t hosts = 1;  ///< hosts under this child: the ncontrib its CONTRIBs must carry
-  bool operator==(const ChildConfig&) const = default;
-};
-
-/// Everything a switch needs to serve one tree. Built by the control plane.
-struct TreeConfig {
-  std::uint16_t tree_id = 0;
-  std::uint64_t key = 0;  ///< per-job key; every packet must carry it
-  Role role = Role::root;
-  Endpoint parent;                     ///< ignored for Role::root
-  std::uint16_t index_at_parent = 0;   ///< our child index in the parent's tree entry
-  std::vector<ChildConfig> children;   ///< 1..kMaxChildren, index = child index on the wire
-  std::uint32_t slots = 8;             ///< power of two, 1..kMaxSlots
-  std::uint32_t payload_bytes = 1024;  ///< power of two, 256..8192
-  std::uint8_t dtype_mask = 0x3F;      ///< bit d allows DType d
-  std::uint8_t op_mask = 0x07;         ///< bit o allows ReduceOp o
-  /// Keep each child's payload and reduce in child order when all are in: results bit-identical
-  /// whatever the arrival order, loss and retransmissions.
-  bool deterministic = false;
-  bool operator==(const TreeConfig&) const = default;
-};
+// TreeConfig, ChildConfig, Role, kMaxChildren and kMaxSlots: the protocol's (protocol/tree.h).
 
 /// A received frame: the bytes stay owned by the caller.
 struct RxFrame {
@@ -63,8 +32,9 @@ struct RxFrame {
 };
 
 /// A frame to send: its own 74 header bytes followed by a payload that may be shared by several
-/// TxFrames (multicast). `payload` points into the core's slot memory and stays valid until the
-/// next process_burst(), install_tree() or remove_tree() call: transmit (or copy) before that.
+/// TxFrames (multicast). `payload` points into the core's slot memory and stays valid, with the
+/// bytes it had when the frame was made, until the next process_burst(), install_tree() or
+/// remove_tree() call: transmit (or copy) before that.
 /// A DPDK backend maps it to a header mbuf chained to an indirect payload mbuf.
 struct TxFrame {
   std::uint8_t hdr[kFrameHeaderBytes];
@@ -116,16 +86,18 @@ class Core {
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
 
-  /// Why install_tree() would refuse `cfg` with -EINVAL (a phrase without a full stop, e.g.
-  /// "slots must be a power of two from 1 to 4096"), or nullptr when it is acceptable.
-  static const char* check_config(const TreeConfig& cfg) noexcept;
-  /// Install a tree. Returns 0, -EINVAL (bad config: sizes, masks, children, role), -EEXIST (id
-  /// in use) or -ENOMEM. Allocates all slot memory (this shard's) and output headers of the tree,
-  /// then publishes it with one release store: safe while another thread runs process_burst().
-  int install_tree(const TreeConfig& cfg);
-  /// Remove a tree and free its memory at once. Returns 0 or -ENOENT. Frames for it are then
-  /// dropped as unknown_tree. Only when no other thread is inside process_burst().
-  int remove_tree(std::uint16_t tree_id);
+  /// OK, or what install_tree() would refuse `cfg` with: invalid_argument and the sentence of
+  /// proto::validate_tree() after "tree N: ".
+  static Status check_config(const TreeConfig& cfg);
+  /// Install a tree. Fails with invalid_argument (what proto::validate_tree() says, e.g. "tree 7:
+  /// slots must be a power of two from 1 to 4096, got 12."), already_exists (id in use) or
+  /// resource_exhausted (memory). Allocates all slot memory (this shard's) and output headers of
+  /// the tree, then publishes it with one release store: safe while another thread runs
+  /// process_burst().
+  Status install_tree(const TreeConfig& cfg);
+  /// Remove a tree and free its memory at once; not_found when there is none. Frames for it are
+  /// then dropped as unknown_tree. Only when no other thread is inside process_burst().
+  Status remove_tree(std::uint16_t tree_id);
   /// Take a tree out of the table without freeing it (nullptr when there is none): frames that
   /// look it up from now on see unknown_tree, but a process_burst() already running may still
   /// use it. Free it with destroy_tree() once every datapath thread has passed a quiescent point.
@@ -139,9 +111,11 @@ class Core {
   std::uint32_t local_slots(std::uint32_t slots) const noexcept;
 
   /// Process up to `n_rx` received frames. Writes up to `tx_cap` frames to `tx` and their number
-  /// to `*n_tx`. Returns how many received frames were consumed: fewer than `n_rx` only when `tx`
-  /// has no room for the worst case of the next frame (as many frames as the tree has children);
-  /// the caller sends what it got and calls again with the rest. Never fails on bad input: every
+  /// to `*n_tx`. Returns how many received frames were consumed: fewer than `n_rx` when `tx` has
+  /// no room for the worst case of the next frame (as many frames as the tree has children), or
+  /// when the next frame would overwrite slot memory that a frame already in `tx` points at (a
+  /// slot version completing chunk c + 2S while chunk c's RESULT or partial is still unsent). The
+  /// caller sends what it got and calls again with the rest. Never fails on bad input: every
   /// frame not used is counted under a DropReason.
   std::size_t process_burst(const RxFrame* rx, std::size_t n_rx, TxFrame* tx, std::size_t tx_cap,
                             std::size_t* n_tx) noexcept;
@@ -157,13 +131,27 @@ class Core {
   const CoreConfig& config() const noexcept { return cfg_; }
 
  private:
+  struct Chunk;  // a CONTRIB's or RESULT's checked header fields and its slot version
+
+  // The stages of one frame, in order (docs/switch-core.md): parse and look up, check the header
+  // against the tree, then the CONTRIB or RESULT state machine, which builds frames with
+  // send_up(), send_down() or nack(). Each returns the number of frames written to `tx`.
   std::size_t handle(const std::uint8_t* data, std::size_t len, TxFrame* tx, std::size_t tx_room,
                      bool* consumed) noexcept;
+  DropReason check_chunk(const Tree& t, const Parsed& p, Chunk* c) noexcept;
+  std::size_t on_contrib(Tree& t, const Parsed& p, Chunk& c, TxFrame* tx, bool* consumed) noexcept;
+  std::size_t on_result(Tree& t, const Parsed& p, Chunk& c, TxFrame* tx, bool* consumed) noexcept;
+  std::size_t send_up(Tree& t, const Chunk& c, TxFrame* tx) noexcept;
+  std::size_t send_down(Tree& t, const Chunk& c, std::uint16_t first, std::uint16_t n,
+                        TxFrame* tx) noexcept;
+  std::size_t refuse(Tree* t, const Parsed& p, DropReason r, TxFrame* tx) noexcept;
   void drop(Tree* t, DropReason r) noexcept;
   void event(Tree* t, Event e, std::uint64_t n = 1) noexcept;
 
   CoreConfig cfg_;
   Counters counters_;
+  /// process_burst() calls so far: frames in `tx` point at slot buffers stamped with it.
+  std::uint32_t burst_ = 0;
   /// Indexed by tree id: a lookup is one load. 512 KiB of pointers per core. Owning: a published
   /// Tree is deleted by remove_tree(), destroy_tree() after unpublish_tree(), or ~Core().
   std::unique_ptr<std::atomic<Tree*>[]> trees_;

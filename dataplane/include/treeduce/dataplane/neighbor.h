@@ -15,24 +15,24 @@ namespace treeduce::dp {
 
 /// ARP over Ethernet for IPv4 (RFC 826), 28 bytes after the Ethernet header.
 struct [[gnu::packed]] ArpHdr {
-  std::uint16_t htype;  ///< big-endian; 1 (Ethernet)
-  std::uint16_t ptype;  ///< big-endian; 0x0800 (IPv4)
+  be16 htype;           ///< 1 (Ethernet)
+  be16 ptype;           ///< 0x0800 (IPv4)
   std::uint8_t hlen;    ///< 6
   std::uint8_t plen;    ///< 4
-  std::uint16_t oper;   ///< big-endian; 1 request, 2 reply
+  be16 oper;            ///< 1 request, 2 reply
   std::uint8_t sha[6];  ///< sender MAC
-  std::uint32_t spa;    ///< sender IPv4, big-endian (unaligned: copy, never dereference in place)
+  be32 spa;             ///< sender IPv4
   std::uint8_t tha[6];  ///< target MAC
-  std::uint32_t tpa;    ///< target IPv4, big-endian
+  be32 tpa;             ///< target IPv4
 };
 static_assert(sizeof(ArpHdr) == 28 && alignof(ArpHdr) == 1);
 
 /// ICMP header (RFC 792); for echo, identifier and sequence follow in `rest`.
 struct [[gnu::packed]] IcmpHdr {
-  std::uint8_t type;       ///< 8 echo request, 0 echo reply
-  std::uint8_t code;       ///< 0
-  std::uint16_t checksum;  ///< big-endian, over the whole ICMP message
-  std::uint32_t rest;      ///< echo: identifier and sequence, returned unchanged
+  std::uint8_t type;   ///< 8 echo request, 0 echo reply
+  std::uint8_t code;   ///< 0
+  be16 checksum;       ///< over the whole ICMP message
+  std::uint32_t rest;  ///< echo: identifier and sequence, returned unchanged
 };
 static_assert(sizeof(IcmpHdr) == 8 && alignof(IcmpHdr) == 1);
 

@@ -3,12 +3,14 @@
 #include <cstddef>
 
 #include "test_util.h"
-#include "treeduce/dataplane/wire.h"
+#include "treeduce/protocol/reasons.h"
+#include "treeduce/protocol/wire.h"
 
-namespace treeduce::dp {
+namespace treeduce::proto {
 namespace {
 
-using namespace testing;
+using namespace treeduce::dp::testing;
+using treeduce::dp::Event;
 
 // The layout is normative (docs/protocol.md): offsets are part of the protocol.
 static_assert(offsetof(TdHdr, version) == 0 && offsetof(TdHdr, opcode) == 1 &&
@@ -20,13 +22,13 @@ static_assert(offsetof(TdHdr, version) == 0 && offsetof(TdHdr, opcode) == 1 &&
               offsetof(TdHdr, seq) == 20 && offsetof(TdHdr, key) == 24);
 
 // Reason codes travel in NACKs: docs/protocol.md section 6 lists these values.
-static_assert(static_cast<int>(DropReason::bad_version) == 11);
-static_assert(static_cast<int>(DropReason::unknown_tree) == 14);
-static_assert(static_cast<int>(DropReason::bad_key) == 15);
-static_assert(static_cast<int>(DropReason::chunk_mismatch) == 22);
-static_assert(static_cast<int>(DropReason::nack_received) == 29);
-static_assert(static_cast<int>(DropReason::wrong_shard) == 30);
-static_assert(kNumDropReasons == 31);
+static_assert(static_cast<int>(Reason::bad_version) == 11);
+static_assert(static_cast<int>(Reason::unknown_tree) == 14);
+static_assert(static_cast<int>(Reason::bad_key) == 15);
+static_assert(static_cast<int>(Reason::chunk_mismatch) == 22);
+static_assert(static_cast<int>(Reason::nack_received) == 29);
+static_assert(static_cast<int>(Reason::wrong_shard) == 30);
+static_assert(kNumReasons == 32);
 static_assert(static_cast<int>(Opcode::contrib) == 1 && static_cast<int>(Opcode::result) == 2 &&
               static_cast<int>(Opcode::nack) == 3);
 
@@ -51,19 +53,18 @@ TEST(Wire, BuildThenParseRoundTrips) {
   const auto f = frame(child_ep(0), hdr(Opcode::contrib, 9, 0, 3), {1, 2, 3});
   ASSERT_EQ(f.size(), 74u + 12);
   Parsed p;
-  ASSERT_EQ(parse_frame(f.data(), f.size(), kSwitch.ip, kSwitch.port, &p), ParseError::ok);
+  ASSERT_EQ(parse_frame(f.data(), f.size(), kSwitch.ip, kSwitch.port, &p), Reason::none);
   EXPECT_EQ(p.src_ip, child_ep(0).ip);
   EXPECT_EQ(p.src_port, 50000);
   EXPECT_EQ(p.payload_len, 12u);
-  EXPECT_EQ(bswap_be(p.td.chunk), 9u);
+  EXPECT_EQ(p.td.chunk.get(), 9u);
   const auto ip = load_header<Ipv4Hdr>(f.data() + 14);
   EXPECT_EQ(ipv4_checksum(ip), 0);
-  EXPECT_EQ(bswap_be(ip.total_length), 20u + 8 + 32 + 12);
+  EXPECT_EQ(ip.total_length.get(), 20u + 8 + 32 + 12);
   // Ethernet padding after the datagram is ignored.
   auto padded = f;
   padded.resize(f.size() + 10, 0);
-  ASSERT_EQ(parse_frame(padded.data(), padded.size(), kSwitch.ip, kSwitch.port, &p),
-            ParseError::ok);
+  ASSERT_EQ(parse_frame(padded.data(), padded.size(), kSwitch.ip, kSwitch.port, &p), Reason::none);
   EXPECT_EQ(p.payload_len, 12u);
 }
 
@@ -72,27 +73,58 @@ TEST(Wire, EveryTruncationIsRejected) {
   Parsed p;
   for (std::size_t len = 0; len < f.size(); ++len) {
     std::vector<std::uint8_t> t(f.begin(), f.begin() + static_cast<std::ptrdiff_t>(len));
-    EXPECT_NE(parse_frame(t.data(), t.size(), kSwitch.ip, kSwitch.port, &p), ParseError::ok) << len;
+    EXPECT_NE(parse_frame(t.data(), t.size(), kSwitch.ip, kSwitch.port, &p), Reason::none) << len;
   }
 }
 
 TEST(Wire, EachL2L4CheckHasItsReason) {
   const auto good = frame(child_ep(0), hdr(Opcode::contrib, 9, 0, 3), {1, 2, 3});
   Parsed p;
-  const auto check = [&](std::size_t off, std::uint8_t v, ParseError want) {
+  const auto check = [&](std::size_t off, std::uint8_t v, Reason want) {
     auto f = good;
     f[off] = v;
     EXPECT_EQ(parse_frame(f.data(), f.size(), kSwitch.ip, kSwitch.port, &p), want) << off;
   };
-  check(12, 0x86, ParseError::not_ipv4);
-  check(14, 0x46, ParseError::ip_bad_header);
-  check(14 + 8, 63, ParseError::ip_bad_checksum);  // TTL changed, checksum not
-  check(14 + 20 + 2, 0x12, ParseError::wrong_port);
-  check(14 + 20 + 5, 0x00, ParseError::udp_bad_length);
-  check(42, 2, ParseError::bad_version);
+  check(12, 0x86, Reason::not_ipv4);
+  check(14, 0x46, Reason::ip_bad_header);
+  check(14 + 8, 63, Reason::ip_bad_checksum);  // TTL changed, checksum not
+  check(14 + 20 + 2, 0x12, Reason::wrong_port);
+  check(14 + 20 + 5, 0x00, Reason::udp_bad_length);
+  check(42, 2, Reason::bad_version);
   EXPECT_EQ(parse_frame(good.data(), good.size(), kSwitch.ip + 1, kSwitch.port, &p),
-            ParseError::not_for_us);
-  EXPECT_EQ(parse_frame(nullptr, 100, kSwitch.ip, kSwitch.port, &p), ParseError::too_short);
+            Reason::not_for_us);
+  EXPECT_EQ(parse_frame(nullptr, 100, kSwitch.ip, kSwitch.port, &p), Reason::too_short);
+}
+
+// A datagram to the switch whose IPv4 and UDP lengths agree but leave no room for the treeduce
+// header: the frame reaches 74 bytes only through padding. docs/protocol.md: too_short, not
+// ip_bad_length (the IPv4 length is consistent).
+TEST(Wire, ConsistentButShortDatagramIsTooShort) {
+  for (std::size_t td_bytes : {std::size_t{0}, std::size_t{1}, std::size_t{31}}) {
+    std::vector<std::uint8_t> f(kFrameHeaderBytes + 16, 0);
+    write_l2_l4(f.data(), child_ep(0), kSwitch, td_bytes);
+    Parsed p;
+    EXPECT_EQ(parse_frame(f.data(), f.size(), kSwitch.ip, kSwitch.port, &p), Reason::too_short)
+        << td_bytes;
+  }
+  // A short datagram to another port or address keeps the reason that says so.
+  std::vector<std::uint8_t> f(kFrameHeaderBytes, 0);
+  write_l2_l4(f.data(), child_ep(0), kSwitch, 4);
+  Parsed p;
+  EXPECT_EQ(parse_frame(f.data(), f.size(), kSwitch.ip, kSwitch.port + 1, &p), Reason::wrong_port);
+  EXPECT_EQ(parse_frame(f.data(), f.size(), kSwitch.ip + 1, kSwitch.port, &p), Reason::not_for_us);
+}
+
+TEST(Wire, BigEndianFieldsConvertOnce) {
+  be32 v = be32::of(0x01020304);
+  std::uint8_t b[4];
+  std::memcpy(b, &v, 4);
+  EXPECT_EQ(b[0], 1);
+  EXPECT_EQ(b[3], 4);
+  EXPECT_EQ(v.get(), 0x01020304u);
+  v.set(7);
+  EXPECT_EQ(v.get(), 7u);
+  EXPECT_EQ(v, be32::of(7));
 }
 
 TEST(Wire, SerialArithmeticWraps) {
@@ -111,15 +143,15 @@ TEST(Wire, PayloadSizes) {
 }
 
 TEST(Counters, NamesComeFromTheXMacro) {
-  EXPECT_EQ(name(DropReason::bad_key), "bad_key");
+  EXPECT_EQ(name(Reason::bad_key), "bad_key");
   EXPECT_EQ(name(Event::nack_sent), "nack_sent");
-  EXPECT_TRUE(nacks(DropReason::unknown_tree));
-  EXPECT_FALSE(nacks(DropReason::stale_chunk));
-  EXPECT_EQ(name(static_cast<DropReason>(200)), "?");
-  for (std::size_t i = 0; i < kNumDropReasons; ++i) {
-    EXPECT_FALSE(description(static_cast<DropReason>(i)).empty());
+  EXPECT_TRUE(nacks(Reason::unknown_tree));
+  EXPECT_FALSE(nacks(Reason::stale_chunk));
+  EXPECT_EQ(name(static_cast<Reason>(200)), "?");
+  for (std::size_t i = 0; i < kNumReasons; ++i) {
+    EXPECT_FALSE(description(static_cast<Reason>(i)).empty());
   }
 }
 
 }  // namespace
-}  // namespace treeduce::dp
+}  // namespace treeduce::proto
