@@ -939,10 +939,9 @@ TEST(SwitchdPcap, Leaf) {
   // Phase C: duplicates and stale traffic, then chunk 4 (slot 0, version 1).
   in.add(contrib(0, 2));     // after the result: unicast RESULT 2 to host 0
   in.add(parent_result(0));  // duplicate_result
-  in.add(to_switch(kParent,
-                   td(t, dp::Opcode::result, t.index_at_parent, 9, 64, DType::f32,
-                      ReduceOp::sum, 0, 4),
-                   elems_f32(result(9))));  // stale_result: slot 1 holds chunk 1
+  in.add(to_switch(
+      kParent, td(t, dp::Opcode::result, t.index_at_parent, 9, 64, DType::f32, ReduceOp::sum, 0, 4),
+      elems_f32(result(9))));  // stale_result: slot 1 holds chunk 1
   in.add(to_switch(kParent,
                    td(t, dp::Opcode::result, 0, 3, static_cast<std::uint16_t>(result(3).size()),
                       DType::f32, ReduceOp::sum, 0, 4),
@@ -989,18 +988,16 @@ TEST(SwitchdPcap, Leaf) {
     expect_from_switch(out[k], kParent, "partial 8");
     expect_td(out[k], t, partial(8), "partial 8");
   };
-  run_scenario("leaf", "leaf.yaml", {t}, in, semantics,
-               {{"duplicate_pending", 1},
-                {"duplicate_result", 1},
-                {"stale_result", 1},
-                {"bad_child", 1}},
-               {{"contrib_accepted", 12},
-                {"partial_sent", 6},
-                {"partial_resent", 1},
-                {"result_multicast", 5},
-                {"result_unicast", 1},
-                {"slot_reused", 1},
-                {"nack_sent", 0}});
+  run_scenario(
+      "leaf", "leaf.yaml", {t}, in, semantics,
+      {{"duplicate_pending", 1}, {"duplicate_result", 1}, {"stale_result", 1}, {"bad_child", 1}},
+      {{"contrib_accepted", 12},
+       {"partial_sent", 6},
+       {"partial_resent", 1},
+       {"result_multicast", 5},
+       {"result_unicast", 1},
+       {"slot_reused", 1},
+       {"nack_sent", 0}});
 }
 
 // ---- scenario 2: a root with three children --------------------------------------------------
@@ -1469,10 +1466,9 @@ TEST(SwitchdPcap, ResentPartialAndResultInOneBurst) {
   in.add(to_switch(host(1), td(t, dp::Opcode::contrib, 1, 0, 64), elems_f32(b)));
   in.next_burst();
   in.add(to_switch(host(1), td(t, dp::Opcode::contrib, 1, 0, 64), elems_f32(b)));
-  in.add(to_switch(kParent,
-                   td(t, dp::Opcode::result, t.index_at_parent, 0, 64, DType::f32,
-                      ReduceOp::sum, 0, 4),
-                   elems_f32(r)));
+  in.add(to_switch(
+      kParent, td(t, dp::Opcode::result, t.index_at_parent, 0, 64, DType::f32, ReduceOp::sum, 0, 4),
+      elems_f32(r)));
   const Semantics semantics = [&](const std::vector<Frame>& out) {
     ASSERT_EQ(out.size(), 4u);
     const Want partial{dp::Opcode::contrib, 0, t.index_at_parent, 2, add_f32({a, b})};
