@@ -19,7 +19,7 @@ namespace {
 constexpr std::size_t kL2L4Bytes = kFrameHeaderBytes - sizeof(TdHdr);
 constexpr std::size_t kTreeIds = 65536;
 
-/// Bookkeeping of one slot version; the data lives in Tree::mem.
+/// Bookkeeping of one slot version; the data lives in Tree::mem. 32 bytes: two per cache line.
 struct SlotMeta {
   SlotState state = SlotState::empty;
   DType dtype = DType::f32;
@@ -28,14 +28,16 @@ struct SlotMeta {
   std::uint16_t arrived = 0;
   std::uint32_t chunk = 0;
   std::uint32_t seq = 0;
-  std::uint32_t ncontrib = 0;
   std::uint64_t bitmap = 0;
-  // The process_burst() call (Core::burst_) whose output last pointed at the outgoing payload
-  // buffer and at the RESULT buffer. Such a buffer is not written again in the same call: its
-  // frames are still unsent (core.h, TxFrame).
-  std::uint32_t out_burst = 0;
-  std::uint32_t res_burst = 0;
+  std::uint16_t ncontrib = 0;  // at most kMaxTreeHosts
+  // The process_burst() call (Core::burst_, 16 bits) whose output last pointed at the outgoing
+  // payload buffer and at the RESULT buffer. Such a buffer is not written again in the same
+  // call: its frames are still unsent (core.h, TxFrame). A stamp that matches again after 65536
+  // calls only defers one frame to the next call, which is always safe.
+  std::uint16_t out_burst = 0;
+  std::uint16_t res_burst = 0;
 };
+static_assert(sizeof(SlotMeta) == 32);
 
 struct AlignedFree {
   void operator()(std::uint8_t* p) const noexcept { std::free(p); }
@@ -222,7 +224,7 @@ struct Core::Chunk {
   bool full;         ///< plen is the tree's payload size: the prebuilt L2-L4 headers fit
   SlotMeta* m;
   std::uint8_t* base;  ///< the slot version's memory (accumulator first)
-  TdHdr hdr;           ///< the received header: what everything this slot version sends echoes
+  const TdHdr* hdr;    ///< the received header: what everything this slot version sends echoes
 };
 
 namespace {
@@ -352,7 +354,7 @@ DropReason Core::check_chunk(const Tree& t, const Parsed& p, Chunk* c) noexcept 
   const std::size_t si = std::size_t{local} * 2 + ver;
   c->m = const_cast<SlotMeta*>(&t.meta[si]);
   c->base = t.mem.get() + si * t.stride;
-  c->hdr = h;
+  c->hdr = &h;
   return DropReason::none;
 }
 
@@ -415,7 +417,7 @@ std::size_t Core::on_contrib(Tree& t, const Parsed& p, Chunk& c, TxFrame* tx,
   }
   m.bitmap |= bit;
   ++m.arrived;
-  m.ncontrib += cc.hosts;
+  m.ncontrib = static_cast<std::uint16_t>(m.ncontrib + cc.hosts);
   const auto di = static_cast<std::size_t>(c.dtype);
   const auto oi = static_cast<std::size_t>(c.op);
   std::uint8_t* const acc = c.base;
@@ -476,7 +478,7 @@ std::size_t Core::on_result(Tree& t, const Parsed& p, Chunk& c, TxFrame* tx,
 }
 
 std::size_t Core::send_up(Tree& t, const Chunk& c, TxFrame* tx) noexcept {
-  const TdHdr o = make_td(c.hdr, Opcode::contrib, t.cfg.index_at_parent, c.m->ncontrib, t.cfg.key);
+  const TdHdr o = make_td(*c.hdr, Opcode::contrib, t.cfg.index_at_parent, c.m->ncontrib, t.cfg.key);
   emit_frame(tx[0], t.parent_l2l4, c.full, cfg_.self, t.cfg.parent, o, c.base + t.out_off, c.plen);
   c.m->out_burst = burst_;
   t.counters.events[static_cast<std::size_t>(Event::tx_frames)] += 1;
@@ -485,7 +487,7 @@ std::size_t Core::send_up(Tree& t, const Chunk& c, TxFrame* tx) noexcept {
 
 std::size_t Core::send_down(Tree& t, const Chunk& c, std::uint16_t first, std::uint16_t n,
                             TxFrame* tx) noexcept {
-  const TdHdr o = make_td(c.hdr, Opcode::result, 0, c.m->ncontrib, t.cfg.key);
+  const TdHdr o = make_td(*c.hdr, Opcode::result, 0, c.m->ncontrib, t.cfg.key);
   const std::uint8_t* const res = c.base + t.res_off;
   for (std::uint16_t k = 0; k < n; ++k) {
     const auto child = static_cast<std::uint16_t>(first + k);

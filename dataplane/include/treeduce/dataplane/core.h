@@ -138,20 +138,24 @@ class Core {
   // send_up(), send_down() or nack(). Each returns the number of frames written to `tx`.
   std::size_t handle(const std::uint8_t* data, std::size_t len, TxFrame* tx, std::size_t tx_room,
                      bool* consumed) noexcept;
-  DropReason check_chunk(const Tree& t, const Parsed& p, Chunk* c) noexcept;
-  std::size_t on_contrib(Tree& t, const Parsed& p, Chunk& c, TxFrame* tx, bool* consumed) noexcept;
-  std::size_t on_result(Tree& t, const Parsed& p, Chunk& c, TxFrame* tx, bool* consumed) noexcept;
-  std::size_t send_up(Tree& t, const Chunk& c, TxFrame* tx) noexcept;
-  std::size_t send_down(Tree& t, const Chunk& c, std::uint16_t first, std::uint16_t n,
-                        TxFrame* tx) noexcept;
+  [[gnu::always_inline]] inline DropReason check_chunk(const Tree& t, const Parsed& p,
+                                                       Chunk* c) noexcept;
+  [[gnu::always_inline]] inline std::size_t on_contrib(Tree& t, const Parsed& p, Chunk& c,
+                                                       TxFrame* tx, bool* consumed) noexcept;
+  [[gnu::always_inline]] inline std::size_t on_result(Tree& t, const Parsed& p, Chunk& c,
+                                                      TxFrame* tx, bool* consumed) noexcept;
+  [[gnu::always_inline]] inline std::size_t send_up(Tree& t, const Chunk& c, TxFrame* tx) noexcept;
+  [[gnu::always_inline]] inline std::size_t send_down(Tree& t, const Chunk& c, std::uint16_t first,
+                                                      std::uint16_t n, TxFrame* tx) noexcept;
   std::size_t refuse(Tree* t, const Parsed& p, DropReason r, TxFrame* tx) noexcept;
   void drop(Tree* t, DropReason r) noexcept;
   void event(Tree* t, Event e, std::uint64_t n = 1) noexcept;
 
   CoreConfig cfg_;
   Counters counters_;
-  /// process_burst() calls so far: frames in `tx` point at slot buffers stamped with it.
-  std::uint32_t burst_ = 0;
+  /// process_burst() calls so far (mod 2^16, never 0): frames in `tx` point at slot buffers
+  /// stamped with it.
+  std::uint16_t burst_ = 0;
   /// Indexed by tree id: a lookup is one load. 512 KiB of pointers per core. Owning: a published
   /// Tree is deleted by remove_tree(), destroy_tree() after unpublish_tree(), or ~Core().
   std::unique_ptr<std::atomic<Tree*>[]> trees_;
