@@ -70,7 +70,7 @@
 #include <vector>
 
 #include "treeduce/dataplane/core.h"
-#include "treeduce/dataplane/wire.h"
+#include "treeduce/protocol/wire.h"
 
 extern char** environ;
 

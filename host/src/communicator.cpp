@@ -362,7 +362,7 @@ class CommunicatorImpl final : public Communicator {
   Result open_network(std::string* why) {
     const TreeAssignment& t = tree_;
     if (t.slots == 0 || (t.slots & (t.slots - 1)) != 0 ||
-        !dp::valid_payload_bytes(t.payload_bytes)) {
+        !proto::valid_payload_bytes(t.payload_bytes)) {
       *why = "the tree's window (" + std::to_string(t.slots) + " slots) or payload size (" +
              std::to_string(t.payload_bytes) + " bytes) is not a power of two in range";
       return Result::invalid_argument;
@@ -611,9 +611,9 @@ class CommunicatorImpl final : public Communicator {
       const auto rx = transport_->receive(until > t2 ? until - t2 : 0, &io);
       if (!io.empty()) break;
       for (const RxDatagram& d : rx) {
-        if (d.len < sizeof(dp::TdHdr)) continue;
-        engine_->on_packet(dp::load_header<dp::TdHdr>(d.data), d.data + sizeof(dp::TdHdr),
-                           d.len - sizeof(dp::TdHdr));
+        if (d.len < sizeof(proto::TdHdr)) continue;
+        engine_->on_packet(proto::load_header<proto::TdHdr>(d.data), d.data + sizeof(proto::TdHdr),
+                           d.len - sizeof(proto::TdHdr));
       }
     }
     {
@@ -640,7 +640,7 @@ class CommunicatorImpl final : public Communicator {
         return Result::timeout;
       case Status::refused:
         *why = "a switch refused the operation (NACK " +
-               std::string(dp::name(engine_->nack_reason())) + ")";
+               std::string(proto::name(engine_->nack_reason())) + ")";
         return Result::refused;
       case Status::bad_result:
         *why =

@@ -22,15 +22,17 @@
 #include <vector>
 
 #include "treeduce/dataplane/dpdk_quirks.h"
-#include "treeduce/dataplane/wire.h"
+#include "treeduce/protocol/wire.h"
 
 namespace treeduce::host {
 namespace {
 
 // Ethernet + IPv4 + UDP in front of the treeduce header.
-constexpr std::size_t kL2L4Bytes = sizeof(dp::EtherHdr) + sizeof(dp::Ipv4Hdr) + sizeof(dp::UdpHdr);
+constexpr std::size_t kL2L4Bytes =
+    sizeof(proto::EtherHdr) + sizeof(proto::Ipv4Hdr) + sizeof(proto::UdpHdr);
 // IPv4 + UDP + treeduce: what the MTU must hold besides the payload.
-constexpr std::size_t kL3Overhead = sizeof(dp::Ipv4Hdr) + sizeof(dp::UdpHdr) + sizeof(dp::TdHdr);
+constexpr std::size_t kL3Overhead =
+    sizeof(proto::Ipv4Hdr) + sizeof(proto::UdpHdr) + sizeof(proto::TdHdr);
 // A full TX ring gets this long to drain before the rest of the batch counts as lost (as a full
 // socket buffer does in the UDP transport): the progress thread never blocks on a stuck port.
 constexpr auto kTxDrainBound = std::chrono::milliseconds(100);
@@ -95,12 +97,12 @@ class DpdkTransport final : public Transport {
     if (!opt.local_mac.empty() && !parse_mac(opt.local_mac, self_.mac)) {
       return "The local MAC '" + opt.local_mac + "' is not aa:bb:cc:dd:ee:ff.";
     }
-    if (opt.payload_bytes == 0 || opt.payload_bytes > dp::kMaxPayloadBytes) {
-      return "The payload size must be from 1 to " + std::to_string(dp::kMaxPayloadBytes) +
+    if (opt.payload_bytes == 0 || opt.payload_bytes > proto::kMaxPayloadBytes) {
+      return "The payload size must be from 1 to " + std::to_string(proto::kMaxPayloadBytes) +
              " bytes, not " + std::to_string(opt.payload_bytes) + ".";
     }
     payload_bytes_ = opt.payload_bytes;
-    datagram_bytes_ = sizeof(dp::TdHdr) + opt.payload_bytes;
+    datagram_bytes_ = sizeof(proto::TdHdr) + opt.payload_bytes;
 
     rte_eth_dev_info info;
     if (int rc = rte_eth_dev_info_get(port_, &info); rc != 0) {
@@ -169,7 +171,7 @@ class DpdkTransport final : public Transport {
     }
     started_ = true;
     rx_buf_.resize(kBatch * datagram_bytes_);
-    scratch_.resize(dp::kMaxFrameBytes);
+    scratch_.resize(proto::kMaxFrameBytes);
     return {};
   }
 
@@ -212,7 +214,7 @@ class DpdkTransport final : public Transport {
   std::string send_batch(const OutPacket* p, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
       if (p[i].payload_len > payload_bytes_) {
-        return "A " + std::to_string(sizeof(dp::TdHdr) + p[i].payload_len) +
+        return "A " + std::to_string(sizeof(proto::TdHdr) + p[i].payload_len) +
                "-byte datagram exceeds the DPDK transport's " + std::to_string(datagram_bytes_) +
                " bytes; use a smaller payload size.";
       }
@@ -229,13 +231,13 @@ class DpdkTransport final : public Transport {
       // an external-buffer mbuf (rte_pktmbuf_attach_extbuf) over the caller's payload would save
       // the copy, at the price of a completion callback that tells the engine when the payload
       // is free again, and of PMDs that take multi-segment frames.
-      const std::size_t dgram = sizeof(dp::TdHdr) + p[i].payload_len;
+      const std::size_t dgram = sizeof(proto::TdHdr) + p[i].payload_len;
       auto* f = reinterpret_cast<std::uint8_t*>(
           rte_pktmbuf_append(m[i], static_cast<std::uint16_t>(kL2L4Bytes + dgram)));
-      dp::write_l2_l4(f, self_, leaf_, dgram);
-      dp::store_header(f + kL2L4Bytes, p[i].td);
+      proto::write_l2_l4(f, self_, leaf_, dgram);
+      proto::store_header(f + kL2L4Bytes, p[i].td);
       if (p[i].payload_len != 0) {
-        std::memcpy(f + kL2L4Bytes + sizeof(dp::TdHdr), p[i].payload, p[i].payload_len);
+        std::memcpy(f + kL2L4Bytes + sizeof(proto::TdHdr), p[i].payload, p[i].payload_len);
       }
     }
     std::size_t done = 0;
@@ -309,21 +311,21 @@ class DpdkTransport final : public Transport {
       ++stats_.foreign;
       return false;
     }
-    dp::Parsed ps;
+    proto::Parsed ps;
     if (frame == nullptr ||
-        dp::parse_frame(frame, len, self_.ip, self_.port, &ps) != dp::DropReason::none ||
+        proto::parse_frame(frame, len, self_.ip, self_.port, &ps) != proto::Reason::none ||
         ps.src_ip != leaf_.ip || ps.src_port != leaf_.port || ps.payload_len > payload_bytes_) {
       ++stats_.foreign;
       return false;
     }
     if (mb->nb_segs == 1) {
       // The wire header sits right before the payload.
-      rx_out_[out] = {ps.payload - sizeof(dp::TdHdr), sizeof(dp::TdHdr) + ps.payload_len};
+      rx_out_[out] = {ps.payload - sizeof(proto::TdHdr), sizeof(proto::TdHdr) + ps.payload_len};
     } else {
       std::uint8_t* d = rx_buf_.data() + out * datagram_bytes_;
-      dp::store_header(d, ps.td);
-      std::memcpy(d + sizeof(dp::TdHdr), ps.payload, ps.payload_len);
-      rx_out_[out] = {d, sizeof(dp::TdHdr) + ps.payload_len};
+      proto::store_header(d, ps.td);
+      std::memcpy(d + sizeof(proto::TdHdr), ps.payload, ps.payload_len);
+      rx_out_[out] = {d, sizeof(proto::TdHdr) + ps.payload_len};
     }
     ++stats_.received;
     return true;
@@ -331,7 +333,7 @@ class DpdkTransport final : public Transport {
 
   std::uint16_t port_ = 0;
   bool started_ = false;
-  dp::Endpoint self_, leaf_;
+  proto::Endpoint self_, leaf_;
   std::uint32_t payload_bytes_ = 0;
   std::size_t datagram_bytes_ = 0;
   rte_mempool* tx_pool_ = nullptr;

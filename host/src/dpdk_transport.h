@@ -12,8 +12,8 @@
 //
 // There is no ARP and no routing here: the leaf switch's MAC is given, every frame goes to it,
 // and frames come back to the local MAC (the port's own unless given). Only IPv4 without options,
-// UDP, and the treeduce header: dp::write_l2_l4 builds the headers (DF set, IPv4 checksum, UDP
-// checksum 0) and dp::parse_frame checks what arrives.
+// UDP, and the treeduce header: proto::write_l2_l4 builds the headers (DF set, IPv4 checksum, UDP
+// checksum 0) and proto::parse_frame checks what arrives.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,7 @@
 #include "treeduce/host/protocol_engine.h"
 
+#include "treeduce/protocol/tree.h"
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -7,7 +9,7 @@
 
 namespace treeduce::host {
 
-using dp::bswap_be;
+using proto::bswap_be;
 
 ProtocolEngine::ProtocolEngine(const EngineConfig& cfg)
     : cfg_(cfg), slot_mask_(cfg.slots - 1), slots_(cfg.slots) {}
@@ -16,8 +18,8 @@ Status ProtocolEngine::start(const void* send, void* recv, std::size_t count, DT
                              ReduceOp op) {
   if (status_ == Status::running || count == 0 || send == nullptr || recv == nullptr ||
       static_cast<std::size_t>(dtype) >= kNumDTypes ||
-      static_cast<std::size_t>(op) >= kNumReduceOps || !std::has_single_bit(cfg_.slots) ||
-      !dp::valid_payload_bytes(cfg_.payload_bytes)) {
+      static_cast<std::size_t>(op) >= kNumReduceOps || proto::check_slots(cfg_.slots) ||
+      proto::check_payload_bytes(cfg_.payload_bytes)) {
     return Status::invalid;
   }
   // The stream continues where the last collective ended: the window rule (send chunk c+S only
@@ -37,7 +39,7 @@ Status ProtocolEngine::start(const void* send, void* recv, std::size_t count, DT
   nchunks_ = (count + elems_per_chunk_ - 1) / elems_per_chunk_;
   next_index_ = 0;
   completed_ = 0;
-  nack_reason_ = dp::DropReason::none;
+  nack_reason_ = proto::Reason::none;
   for (auto& s : slots_) s = SlotState{};
   status_ = Status::running;
   return status_;
@@ -46,9 +48,9 @@ Status ProtocolEngine::start(const void* send, void* recv, std::size_t count, DT
 OutPacket ProtocolEngine::make_packet(const SlotState& s) const {
   const std::size_t first = s.index * elems_per_chunk_;
   const std::size_t n = std::min(elems_per_chunk_, count_ - first);
-  dp::TdHdr h{};
-  h.version = dp::kProtocolVersion;
-  h.opcode = static_cast<std::uint8_t>(dp::Opcode::contrib);
+  proto::TdHdr h{};
+  h.version = proto::kProtocolVersion;
+  h.opcode = static_cast<std::uint8_t>(proto::Opcode::contrib);
   h.dtype = static_cast<std::uint8_t>(dtype_);
   h.op = static_cast<std::uint8_t>(op_);
   h.tree_id.set(cfg_.tree_id);
@@ -104,9 +106,10 @@ void ProtocolEngine::finish(Status st) {
   for (auto& s : slots_) s.active = false;
 }
 
-void ProtocolEngine::on_packet(const dp::TdHdr& td, const std::uint8_t* payload, std::size_t len) {
+void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* payload,
+                               std::size_t len) {
   const std::uint32_t chunk = td.chunk.get();
-  if (status_ != Status::running || td.version != dp::kProtocolVersion ||
+  if (status_ != Status::running || td.version != proto::kProtocolVersion ||
       td.tree_id.get() != cfg_.tree_id || td.seq.get() != seq_ ||
       td.child.get() != cfg_.child_index) {
     ++stats_.ignored;
@@ -114,18 +117,18 @@ void ProtocolEngine::on_packet(const dp::TdHdr& td, const std::uint8_t* payload,
   }
   SlotState& s = slots_[chunk & slot_mask_];
   const bool current = s.active && s.chunk == chunk;
-  if (td.opcode == static_cast<std::uint8_t>(dp::Opcode::nack)) {
+  if (td.opcode == static_cast<std::uint8_t>(proto::Opcode::nack)) {
     // A NACK names a chunk we sent (NACKs carry no key). Only one for a chunk still in flight
     // can fail the collective: a late NACK for a finished chunk says nothing new.
     if (!current) {
       ++stats_.ignored;
       return;
     }
-    nack_reason_ = static_cast<dp::DropReason>(td.reason);
+    nack_reason_ = static_cast<proto::Reason>(td.reason);
     finish(Status::refused);
     return;
   }
-  if (td.opcode != static_cast<std::uint8_t>(dp::Opcode::result) || td.key.get() != cfg_.key) {
+  if (td.opcode != static_cast<std::uint8_t>(proto::Opcode::result) || td.key.get() != cfg_.key) {
     ++stats_.ignored;
     return;
   }

@@ -81,7 +81,7 @@ class UdpTransport final : public Transport {
       return "The number of UDP send ports must be from 1 to 64, not " +
              std::to_string(opt.send_ports) + ".";
     }
-    segment_bytes_ = sizeof(dp::TdHdr) + opt.payload_bytes;
+    segment_bytes_ = sizeof(proto::TdHdr) + opt.payload_bytes;
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return errno_sentence("eventfd");
     for (std::uint32_t i = 0; i < opt.send_ports; ++i) {
@@ -198,7 +198,8 @@ class UdpTransport final : public Transport {
         while (i + segs < k && segs < max_segs && order_[i + segs]->payload_len == len) ++segs;
       }
       for (std::size_t j = 0; j < segs; ++j) {
-        tx_iov_[2 * (i + j)] = {const_cast<dp::TdHdr*>(&order_[i + j]->td), sizeof(dp::TdHdr)};
+        tx_iov_[2 * (i + j)] = {const_cast<proto::TdHdr*>(&order_[i + j]->td),
+                                sizeof(proto::TdHdr)};
         tx_iov_[2 * (i + j) + 1] = {const_cast<std::uint8_t*>(order_[i + j]->payload),
                                     order_[i + j]->payload_len};
       }
@@ -217,7 +218,7 @@ class UdpTransport final : public Transport {
         c->cmsg_level = SOL_UDP;
         c->cmsg_type = UDP_SEGMENT;
         c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
-        const auto gso_size = static_cast<std::uint16_t>(sizeof(dp::TdHdr) + len);
+        const auto gso_size = static_cast<std::uint16_t>(sizeof(proto::TdHdr) + len);
         std::memcpy(CMSG_DATA(c), &gso_size, sizeof gso_size);
       }
       msg_first_[m] = i;

@@ -3,7 +3,7 @@
 //
 // The interface deals in whole treeduce datagrams (TdHdr + payload) to and from one leaf switch,
 // in batches, so that other transports fit behind it later without touching the communicator:
-// a DPDK transport (its own Ethernet/IPv4/UDP headers with dp::write_l2_l4, rte_eth_tx_burst of
+// a DPDK transport (its own Ethernet/IPv4/UDP headers with proto::write_l2_l4, rte_eth_tx_burst of
 // a header mbuf chained to an external-buffer mbuf over the caller's payload, rx bursts polled
 // with receive(timeout 0)), or an ibverbs transport (UD QP or RoCEv2 framing; post_send of
 // scatter-gather lists that are these same iovec pairs, completions read in receive()): see

@@ -81,7 +81,7 @@ std::string validate_options(const VerbsTransportOptions& opt, VerbsResolved* ou
     return "The leaf switch MAC address '" + opt.leaf_mac +
            "' is not a unicast aa:bb:cc:dd:ee:ff (there is no ARP: give it).";
   }
-  if (!dp::valid_payload_bytes(opt.payload_bytes)) {
+  if (!proto::valid_payload_bytes(opt.payload_bytes)) {
     return "The payload size must be a power of two from 256 to 8192 bytes, not " +
            std::to_string(opt.payload_bytes) + ".";
   }
@@ -92,33 +92,34 @@ std::string validate_options(const VerbsTransportOptions& opt, VerbsResolved* ou
     return "The receive ring must hold 64 to 16384 buffers, not " + std::to_string(opt.recv_ring) +
            ".";
   }
-  r.frame_bytes = dp::kFrameHeaderBytes + opt.payload_bytes;
+  r.frame_bytes = proto::kFrameHeaderBytes + opt.payload_bytes;
   *out = r;
   return {};
 }
 
-std::size_t build_tx_frame(std::uint8_t* out, std::size_t cap, const dp::Endpoint& self,
-                           const dp::Endpoint& leaf, const OutPacket& p) noexcept {
-  const std::size_t len = dp::kFrameHeaderBytes + p.payload_len;
+std::size_t build_tx_frame(std::uint8_t* out, std::size_t cap, const proto::Endpoint& self,
+                           const proto::Endpoint& leaf, const OutPacket& p) noexcept {
+  const std::size_t len = proto::kFrameHeaderBytes + p.payload_len;
   if (len > cap) return 0;
-  constexpr std::size_t l2l4 = sizeof(dp::EtherHdr) + sizeof(dp::Ipv4Hdr) + sizeof(dp::UdpHdr);
-  dp::write_l2_l4(out, self, leaf, sizeof(dp::TdHdr) + p.payload_len);
-  dp::store_header(out + l2l4, p.td);
-  if (p.payload_len != 0) std::memcpy(out + dp::kFrameHeaderBytes, p.payload, p.payload_len);
+  constexpr std::size_t l2l4 =
+      sizeof(proto::EtherHdr) + sizeof(proto::Ipv4Hdr) + sizeof(proto::UdpHdr);
+  proto::write_l2_l4(out, self, leaf, sizeof(proto::TdHdr) + p.payload_len);
+  proto::store_header(out + l2l4, p.td);
+  if (p.payload_len != 0) std::memcpy(out + proto::kFrameHeaderBytes, p.payload, p.payload_len);
   return len;
 }
 
-bool classify_rx_frame(const std::uint8_t* frame, std::size_t len, const dp::Endpoint& self,
-                       const dp::Endpoint& leaf, RxDatagram* out) noexcept {
-  dp::Parsed parsed;
-  const dp::DropReason e = dp::parse_frame(frame, len, self.ip, self.port, &parsed);
-  if (e != dp::DropReason::none && e != dp::DropReason::bad_version) return false;
+bool classify_rx_frame(const std::uint8_t* frame, std::size_t len, const proto::Endpoint& self,
+                       const proto::Endpoint& leaf, RxDatagram* out) noexcept {
+  proto::Parsed parsed;
+  const proto::Reason e = proto::parse_frame(frame, len, self.ip, self.port, &parsed);
+  if (e != proto::Reason::none && e != proto::Reason::bad_version) return false;
   if (parsed.src_ip != leaf.ip || parsed.src_port != leaf.port) return false;
-  *out = {parsed.payload - sizeof(dp::TdHdr), sizeof(dp::TdHdr) + parsed.payload_len};
+  *out = {parsed.payload - sizeof(proto::TdHdr), sizeof(proto::TdHdr) + parsed.payload_len};
   return true;
 }
 
-void make_flow_rule(const dp::Endpoint& self, std::uint8_t port_num, FlowRule* rule) noexcept {
+void make_flow_rule(const proto::Endpoint& self, std::uint8_t port_num, FlowRule* rule) noexcept {
   std::memset(rule, 0, sizeof *rule);
   rule->attr.type = IBV_FLOW_ATTR_NORMAL;
   rule->attr.size = sizeof(FlowRule);
@@ -338,7 +339,7 @@ class VerbsTransport final : public Transport {
       if (len == 0) {
         return "A " + std::to_string(p[i].payload_len) +
                "-byte payload is larger than the transport's payload size (" +
-               std::to_string(res_.frame_bytes - dp::kFrameHeaderBytes) + " bytes).";
+               std::to_string(res_.frame_bytes - proto::kFrameHeaderBytes) + " bytes).";
       }
       sge[i] = {reinterpret_cast<std::uintptr_t>(buf), static_cast<std::uint32_t>(len), mr_->lkey};
       wr[i] = ibv_send_wr{};

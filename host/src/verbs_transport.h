@@ -13,7 +13,7 @@
 //   port) so that the QP receives the frames for our UDP port (and the kernel stack no longer
 //   sees them).
 // - send(): each packet's frame is built in a free send buffer: Ethernet/IPv4/UDP headers with
-//   dp::write_l2_l4 (IPv4 checksum computed here, UDP checksum 0), the TdHdr, then the payload
+//   proto::write_l2_l4 (IPv4 checksum computed here, UDP checksum 0), the TdHdr, then the payload
 //   COPIED from the caller's buffer. A two-entry scatter-gather list (header from our ring,
 //   payload in place) would avoid the copy, but only if the caller's buffers were registered
 //   (ibv_reg_mr of the collective's send buffer, or on-demand paging): the Transport interface
@@ -26,7 +26,7 @@
 //   completion channel's fd and an eventfd, so that wake() (an eventfd write: any thread,
 //   async-signal-safe) interrupts it, exactly like the UDP transport. No busy polling: a
 //   progress thread that waits for the engine's next deadline costs no CPU. Completed frames
-//   are parsed with dp::parse_frame (our IPv4 address and UDP port); frames from the leaf's
+//   are parsed with proto::parse_frame (our IPv4 address and UDP port); frames from the leaf's
 //   IPv4 address and UDP port are returned (TdHdr + payload, in the receive buffer, valid
 //   until the next receive()); anything else counts as foreign. The buffers of one receive()
 //   are posted again at the start of the next.
@@ -55,7 +55,7 @@
 #include <memory>
 #include <string>
 
-#include "treeduce/dataplane/wire.h"
+#include "treeduce/protocol/wire.h"
 #include "udp_transport.h"
 
 namespace treeduce::host {
@@ -88,8 +88,8 @@ inline constexpr std::size_t kRxBufferBytes = 9216;
 
 /// Validated options: host-order endpoints.
 struct VerbsResolved {
-  dp::Endpoint self;            ///< our MAC, IPv4 address, UDP port
-  dp::Endpoint leaf;            ///< the leaf switch's
+  proto::Endpoint self;         ///< our MAC, IPv4 address, UDP port
+  proto::Endpoint leaf;         ///< the leaf switch's
   std::size_t frame_bytes = 0;  ///< largest frame we send: kFrameHeaderBytes + payload_bytes
 };
 
@@ -101,14 +101,14 @@ std::string validate_options(const VerbsTransportOptions& opt, VerbsResolved* ou
 
 /// Writes the whole frame of `p` (headers, TdHdr, payload copied) into `out` of `cap` bytes.
 /// Returns the frame length, or 0 when it does not fit.
-std::size_t build_tx_frame(std::uint8_t* out, std::size_t cap, const dp::Endpoint& self,
-                           const dp::Endpoint& leaf, const OutPacket& p) noexcept;
+std::size_t build_tx_frame(std::uint8_t* out, std::size_t cap, const proto::Endpoint& self,
+                           const proto::Endpoint& leaf, const OutPacket& p) noexcept;
 
 /// Classifies a received frame: true and `*out` (TdHdr + payload, pointing into `frame`) when it
 /// is a treeduce datagram to `self` from `leaf`'s IPv4 address and UDP port (a datagram with an
 /// unknown treeduce version is passed on, as the UDP transport does); false (foreign) otherwise.
-bool classify_rx_frame(const std::uint8_t* frame, std::size_t len, const dp::Endpoint& self,
-                       const dp::Endpoint& leaf, RxDatagram* out) noexcept;
+bool classify_rx_frame(const std::uint8_t* frame, std::size_t len, const proto::Endpoint& self,
+                       const proto::Endpoint& leaf, RxDatagram* out) noexcept;
 
 /// The flow steering rule given to ibv_create_flow: the attribute followed by its specs, with
 /// no padding between them (checked in verbs_transport.cpp).
@@ -121,7 +121,7 @@ struct FlowRule {
 
 /// Fills `*rule` to steer Ethernet frames to self.mac with IPv4 destination self.ip and UDP
 /// destination port self.port, arriving on `port_num`, to a QP.
-void make_flow_rule(const dp::Endpoint& self, std::uint8_t port_num, FlowRule* rule) noexcept;
+void make_flow_rule(const proto::Endpoint& self, std::uint8_t port_num, FlowRule* rule) noexcept;
 
 /// "<call> (<what>) failed: <strerror> (errno N)." plus a hint for EPERM/EACCES (CAP_NET_RAW).
 std::string verbs_error(const char* call, const std::string& what, int err);

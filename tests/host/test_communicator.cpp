@@ -95,12 +95,12 @@ class FakeSwitch {
     setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     for (std::uint32_t r = 0; r < cfg.world; ++r) ports_.push_back(free_port(rank_ip(r)));
     core_ = std::make_unique<dp::Core>(dp::CoreConfig{self_, 0, 1});
-    dp::TreeConfig t;
+    proto::TreeConfig t;
     t.tree_id = kTreeId;
     t.key = kKey;
-    t.role = dp::Role::root;
+    t.role = proto::Role::root;
     for (std::uint32_t r = 0; r < cfg.world; ++r) {
-      dp::ChildConfig c;
+      proto::ChildConfig c;
       c.addr.ip = rank_ip(r);
       c.addr.port = ports_[r];
       t.children.push_back(c);
@@ -149,8 +149,8 @@ class FakeSwitch {
   bool lose() { return cfg_.loss > 0 && std::uniform_real_distribution<>(0, 1)(rng_) < cfg_.loss; }
 
   void run() {
-    std::vector<std::uint8_t> frame(dp::kMaxFrameBytes);
-    std::vector<dp::TxFrame> tx(dp::kMaxChildren + 1);
+    std::vector<std::uint8_t> frame(proto::kMaxFrameBytes);
+    std::vector<dp::TxFrame> tx(proto::kMaxChildren + 1);
     while (!stop_) {
       pollfd p{fd_, POLLIN, 0};
       if (poll(&p, 1, 5) <= 0) continue;
@@ -160,22 +160,22 @@ class FakeSwitch {
                                  reinterpret_cast<sockaddr*>(&src), &slen);
       if (n <= 0) continue;
       if (received_.fetch_add(1) + 1 > cfg_.die_after || lose()) continue;
-      dp::Endpoint from;
+      proto::Endpoint from;
       from.ip = ntohl(src.sin_addr.s_addr);
       from.port = ntohs(src.sin_port);
-      dp::write_l2_l4(frame.data(), from, self_, static_cast<std::size_t>(n));
+      proto::write_l2_l4(frame.data(), from, self_, static_cast<std::size_t>(n));
       const dp::RxFrame rx{frame.data(), 42 + static_cast<std::size_t>(n)};
       std::size_t ntx = 0;
       core_->process_burst(&rx, 1, tx.data(), tx.size(), &ntx);
       for (std::size_t i = 0; i < ntx; ++i) {
         if (lose()) continue;
-        const auto ip = dp::load_header<dp::Ipv4Hdr>(tx[i].hdr + 14);
-        const auto udp = dp::load_header<dp::UdpHdr>(tx[i].hdr + 34);
+        const auto ip = proto::load_header<proto::Ipv4Hdr>(tx[i].hdr + 14);
+        const auto udp = proto::load_header<proto::UdpHdr>(tx[i].hdr + 34);
         sockaddr_in dst{};
         dst.sin_family = AF_INET;
         dst.sin_addr.s_addr = ip.dst_addr.raw;  // both already in network order
         dst.sin_port = udp.dst_port.raw;
-        iovec iov[2] = {{tx[i].hdr + 42, sizeof(dp::TdHdr)},
+        iovec iov[2] = {{tx[i].hdr + 42, sizeof(proto::TdHdr)},
                         {const_cast<std::uint8_t*>(tx[i].payload), tx[i].payload_len}};
         msghdr m{};
         m.msg_name = &dst;
@@ -190,7 +190,7 @@ class FakeSwitch {
   Config cfg_;
   std::mt19937_64 rng_;
   int fd_ = -1;
-  dp::Endpoint self_;
+  proto::Endpoint self_;
   std::vector<std::uint16_t> ports_;
   std::unique_ptr<dp::Core> core_;
   std::atomic<bool> stop_{false};
@@ -725,7 +725,7 @@ TEST_P(UdpTransportTest, SegmentsAndSpreadsSourcePorts) {
   for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::uint8_t>(i);
   std::vector<OutPacket> p(16);
   for (std::uint16_t i = 0; i < 16; ++i) {
-    p[i].td = dp::TdHdr{};
+    p[i].td = proto::TdHdr{};
     p[i].td.slot.set(i);
     p[i].td.chunk.set(std::uint32_t{i});
     p[i].payload = payload.data() + 256 * i;
@@ -740,7 +740,7 @@ TEST_P(UdpTransportTest, SegmentsAndSpreadsSourcePorts) {
     sockaddr_in src{};
     socklen_t sl = sizeof src;
     const ssize_t n = recvfrom(rx, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&src), &sl);
-    const auto td = dp::load_header<dp::TdHdr>(buf);
+    const auto td = proto::load_header<proto::TdHdr>(buf);
     const std::uint32_t chunk = td.chunk.get();
     ASSERT_LT(chunk, 16u);
     EXPECT_EQ(n, static_cast<ssize_t>(32 + p[chunk].payload_len));

@@ -1,7 +1,7 @@
 // The DPDK transport on net_ring0, a ring PMD whose TX queue feeds its own RX queue: what send()
 // puts on the wire comes straight back. Tests either read those frames themselves (to check the
 // headers), configure the local address equal to the leaf's (so that the looped-back frames are
-// "from the leaf" and "for us"), or inject frames they built with dp::build_frame. The EAL is
+// "from the leaf" and "for us"), or inject frames they built with proto::build_frame. The EAL is
 // initialised once in main() (the transport never does), with no huge pages and no PCI.
 #include <gtest/gtest.h>
 #include <rte_eal.h>
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "dpdk_transport.h"
-#include "treeduce/dataplane/wire.h"
+#include "treeduce/protocol/wire.h"
 
 namespace treeduce::host {
 namespace {
@@ -65,10 +65,10 @@ std::unique_ptr<Transport> make(const DpdkTransportOptions& o) {
   return t;
 }
 
-dp::TdHdr header(std::uint32_t chunk, std::uint16_t count) {
-  dp::TdHdr td{};
-  td.version = dp::kProtocolVersion;
-  td.opcode = static_cast<std::uint8_t>(dp::Opcode::contrib);
+proto::TdHdr header(std::uint32_t chunk, std::uint16_t count) {
+  proto::TdHdr td{};
+  td.version = proto::kProtocolVersion;
+  td.opcode = static_cast<std::uint8_t>(proto::Opcode::contrib);
   td.dtype = 1;
   td.op = 0;
   td.tree_id.set(std::uint16_t{7});
@@ -99,23 +99,23 @@ void inject(const std::vector<std::uint8_t>& frame) {
   ASSERT_EQ(rte_eth_tx_burst(port, 0, &m, 1), 1);
 }
 
-std::vector<std::uint8_t> frame(const dp::Endpoint& src, const dp::Endpoint& dst,
-                                const dp::TdHdr& td, const std::vector<std::uint8_t>& pl) {
-  std::vector<std::uint8_t> f(dp::kFrameHeaderBytes + pl.size());
-  f.resize(dp::build_frame(f.data(), src, dst, td, pl.data(), pl.size()));
+std::vector<std::uint8_t> frame(const proto::Endpoint& src, const proto::Endpoint& dst,
+                                const proto::TdHdr& td, const std::vector<std::uint8_t>& pl) {
+  std::vector<std::uint8_t> f(proto::kFrameHeaderBytes + pl.size());
+  f.resize(proto::build_frame(f.data(), src, dst, td, pl.data(), pl.size()));
   return f;
 }
 
-dp::Endpoint leaf() {
-  dp::Endpoint e;
+proto::Endpoint leaf() {
+  proto::Endpoint e;
   std::memcpy(e.mac, kLeafMac, 6);
   e.ip = kLeafIp;
   e.port = kLeafPort;
   return e;
 }
 
-dp::Endpoint local() {
-  dp::Endpoint e;
+proto::Endpoint local() {
+  proto::Endpoint e;
   std::memcpy(e.mac, kLocalMac, 6);
   e.ip = kLocalIp;
   e.port = kLocalPort;
@@ -194,17 +194,17 @@ TEST(DpdkTransport, SendBuildsWholeFrames) {
     SCOPED_TRACE(i);
     const auto* f = rte_pktmbuf_mtod(m[i], const std::uint8_t*);
     const std::size_t len = rte_pktmbuf_pkt_len(m[i]);
-    EXPECT_EQ(len, dp::kFrameHeaderBytes + pls[i].size());
-    const auto eth = dp::load_header<dp::EtherHdr>(f);
+    EXPECT_EQ(len, proto::kFrameHeaderBytes + pls[i].size());
+    const auto eth = proto::load_header<proto::EtherHdr>(f);
     EXPECT_EQ(std::memcmp(eth.dst, kLeafMac, 6), 0);
     EXPECT_EQ(std::memcmp(eth.src, kLocalMac, 6), 0);
-    const auto ip = dp::load_header<dp::Ipv4Hdr>(f + sizeof(dp::EtherHdr));
+    const auto ip = proto::load_header<proto::Ipv4Hdr>(f + sizeof(proto::EtherHdr));
     EXPECT_EQ(ip.fragment.get(), 0x4000);  // DF
-    dp::Parsed ps;
-    ASSERT_EQ(dp::parse_frame(f, len, kLeafIp, kLeafPort, &ps), dp::DropReason::none);
+    proto::Parsed ps;
+    ASSERT_EQ(proto::parse_frame(f, len, kLeafIp, kLeafPort, &ps), proto::Reason::none);
     EXPECT_EQ(ps.src_ip, kLocalIp);
     EXPECT_EQ(ps.src_port, kLocalPort);
-    EXPECT_EQ(std::memcmp(&ps.td, &out[i].td, sizeof(dp::TdHdr)), 0);
+    EXPECT_EQ(std::memcmp(&ps.td, &out[i].td, sizeof(proto::TdHdr)), 0);
     ASSERT_EQ(ps.payload_len, pls[i].size());
     EXPECT_EQ(std::memcmp(ps.payload, pls[i].data(), pls[i].size()), 0);
   }
@@ -222,13 +222,13 @@ TEST(DpdkTransport, ReceivesFromTheLeafOnlyAndCountsForeignFrames) {
   ASSERT_NE(t, nullptr);
   const auto pl0 = payload(0, kPayload), pl1 = payload(1, 40);
   inject(frame(leaf(), local(), header(0, kPayload), pl0));
-  dp::Endpoint other = leaf();
+  proto::Endpoint other = leaf();
   other.ip = 0x0a000009;
   inject(frame(other, local(), header(5, kPayload), pl0));  // another sender
-  dp::Endpoint other_port = leaf();
+  proto::Endpoint other_port = leaf();
   other_port.port = 47111;
   inject(frame(other_port, local(), header(5, kPayload), pl0));  // the leaf, another port
-  dp::Endpoint not_me = local();
+  proto::Endpoint not_me = local();
   not_me.port = 5001;
   inject(frame(leaf(), not_me, header(5, kPayload), pl0));  // not our port
   not_me = local();
@@ -244,11 +244,11 @@ TEST(DpdkTransport, ReceivesFromTheLeafOnlyAndCountsForeignFrames) {
 
   const auto got = receive_all(*t, 2);
   ASSERT_EQ(got.size(), 2u);
-  const dp::TdHdr h0 = header(0, kPayload), h1 = header(1, 40);
-  ASSERT_EQ(got[0].size(), sizeof(dp::TdHdr) + kPayload);
+  const proto::TdHdr h0 = header(0, kPayload), h1 = header(1, 40);
+  ASSERT_EQ(got[0].size(), sizeof(proto::TdHdr) + kPayload);
   EXPECT_EQ(std::memcmp(got[0].data(), &h0, sizeof h0), 0);
   EXPECT_EQ(std::memcmp(got[0].data() + sizeof h0, pl0.data(), kPayload), 0);
-  ASSERT_EQ(got[1].size(), sizeof(dp::TdHdr) + 40);
+  ASSERT_EQ(got[1].size(), sizeof(proto::TdHdr) + 40);
   EXPECT_EQ(std::memcmp(got[1].data(), &h1, sizeof h1), 0);
   EXPECT_EQ(std::memcmp(got[1].data() + sizeof h1, pl1.data(), 40), 0);
   EXPECT_EQ(t->stats().received, 2u);
@@ -283,7 +283,7 @@ TEST(DpdkTransport, RoundTripOnLoopbackInBatches) {
   EXPECT_EQ(t->stats().foreign, 0u);
   ASSERT_EQ(got.size(), kPackets);
   for (std::uint32_t c = 0; c < kPackets; ++c) {
-    const dp::TdHdr h = header(c, kPayload);
+    const proto::TdHdr h = header(c, kPayload);
     ASSERT_EQ(got[c].size(), sizeof h + kPayload);
     EXPECT_EQ(std::memcmp(got[c].data(), &h, sizeof h), 0) << c;
     EXPECT_EQ(std::memcmp(got[c].data() + sizeof h, pls[c].data(), kPayload), 0) << c;

@@ -8,7 +8,7 @@
 namespace treeduce::host {
 namespace {
 
-using dp::bswap_be;
+using proto::bswap_be;
 
 EngineConfig cfg() {
   EngineConfig c;
@@ -25,9 +25,9 @@ EngineConfig cfg() {
 }
 
 // The switch's answer to a packet: RESULT with the right fields unless told otherwise.
-dp::TdHdr result_for(const OutPacket& p, std::uint16_t ncontrib = 4) {
-  dp::TdHdr r = p.td;
-  r.opcode = static_cast<std::uint8_t>(dp::Opcode::result);
+proto::TdHdr result_for(const OutPacket& p, std::uint16_t ncontrib = 4) {
+  proto::TdHdr r = p.td;
+  r.opcode = static_cast<std::uint8_t>(proto::Opcode::result);
   r.ncontrib.set(ncontrib);
   return r;
 }
@@ -100,17 +100,17 @@ TEST(ProtocolEngine, NackFailsWithTheReason) {
   e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum);
   OutPacket p[4];
   ASSERT_EQ(e.poll(0, p, 4), 1u);
-  dp::TdHdr n = p[0].td;
-  n.opcode = static_cast<std::uint8_t>(dp::Opcode::nack);
-  n.reason = static_cast<std::uint8_t>(dp::DropReason::bad_key);
+  proto::TdHdr n = p[0].td;
+  n.opcode = static_cast<std::uint8_t>(proto::Opcode::nack);
+  n.reason = static_cast<std::uint8_t>(proto::Reason::bad_key);
   n.key.set(0);
-  dp::TdHdr other = n;
+  proto::TdHdr other = n;
   other.chunk.set(std::uint32_t{7});  // not in flight: ignored
   e.on_packet(other, nullptr, 0);
   EXPECT_EQ(e.status(), Status::running);
   e.on_packet(n, nullptr, 0);
   EXPECT_EQ(e.status(), Status::refused);
-  EXPECT_EQ(e.nack_reason(), dp::DropReason::bad_key);
+  EXPECT_EQ(e.nack_reason(), proto::Reason::bad_key);
 }
 
 TEST(ProtocolEngine, ResultsAreChecked) {
@@ -120,26 +120,28 @@ TEST(ProtocolEngine, ResultsAreChecked) {
     e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum);
     OutPacket p[4];
     EXPECT_EQ(e.poll(0, p, 4), 1u);
-    dp::TdHdr r = result_for(p[0]);
+    proto::TdHdr r = result_for(p[0]);
     std::size_t len = p[0].payload_len;
     mutate(r, len);
     std::vector<std::uint8_t> payload(len);
     e.on_packet(r, payload.data(), len);
     return e.status();
   };
-  EXPECT_EQ(run([](dp::TdHdr&, std::size_t&) {}), Status::done);
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.ncontrib.set(std::uint16_t{3}); }),
+  EXPECT_EQ(run([](proto::TdHdr&, std::size_t&) {}), Status::done);
+  EXPECT_EQ(run([](proto::TdHdr& r, std::size_t&) { r.ncontrib.set(std::uint16_t{3}); }),
             Status::bad_result);
-  EXPECT_EQ(run([](dp::TdHdr&, std::size_t& l) { l -= 4; }), Status::bad_result);
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.dtype = 1; }), Status::bad_result);
+  EXPECT_EQ(run([](proto::TdHdr&, std::size_t& l) { l -= 4; }), Status::bad_result);
+  EXPECT_EQ(run([](proto::TdHdr& r, std::size_t&) { r.dtype = 1; }), Status::bad_result);
   // Not ours at all: ignored, still running.
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.key.set(r.key.get() + 1); }), Status::running);
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) {
+  EXPECT_EQ(run([](proto::TdHdr& r, std::size_t&) { r.key.set(r.key.get() + 1); }),
+            Status::running);
+  EXPECT_EQ(run([](proto::TdHdr& r, std::size_t&) {
               r.tree_id.set(static_cast<std::uint16_t>(r.tree_id.get() + 1));
             }),
             Status::running);
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) { r.seq.set(std::uint32_t{5}); }), Status::running);
-  EXPECT_EQ(run([](dp::TdHdr& r, std::size_t&) {
+  EXPECT_EQ(run([](proto::TdHdr& r, std::size_t&) { r.seq.set(std::uint32_t{5}); }),
+            Status::running);
+  EXPECT_EQ(run([](proto::TdHdr& r, std::size_t&) {
               r.child.set(static_cast<std::uint16_t>(r.child.get() + 1));
             }),
             Status::running);

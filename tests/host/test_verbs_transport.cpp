@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace dp = treeduce::dp;
+namespace proto = treeduce::proto;
 using treeduce::host::make_verbs_transport;
 using treeduce::host::OutPacket;
 using treeduce::host::RxDatagram;
@@ -39,10 +39,10 @@ detail::VerbsResolved resolved() {
   return r;
 }
 
-dp::TdHdr contrib_header(std::uint16_t count) {
-  dp::TdHdr td{};
-  td.version = dp::kProtocolVersion;
-  td.opcode = static_cast<std::uint8_t>(dp::Opcode::contrib);
+proto::TdHdr contrib_header(std::uint16_t count) {
+  proto::TdHdr td{};
+  td.version = proto::kProtocolVersion;
+  td.opcode = static_cast<std::uint8_t>(proto::Opcode::contrib);
   td.tree_id.set(std::uint16_t{7});
   td.slot.set(std::uint16_t{3});
   td.count.set(count);
@@ -108,7 +108,7 @@ TEST(VerbsTransport, ValidateGoodOptions) {
   EXPECT_EQ(r.leaf.ip, 0x0a000001u);
   EXPECT_EQ(r.leaf.port, 47110);
   EXPECT_EQ(r.leaf.mac[5], 0x01);
-  EXPECT_EQ(r.frame_bytes, dp::kFrameHeaderBytes + 1024);
+  EXPECT_EQ(r.frame_bytes, proto::kFrameHeaderBytes + 1024);
 }
 
 TEST(VerbsTransport, ValidateBadOptions) {
@@ -147,22 +147,22 @@ TEST(VerbsTransport, BuildTxFrameIsAValidFrameToTheLeaf) {
   const OutPacket p{contrib_header(64), payload.data(), 256};
   std::vector<std::uint8_t> buf(r.frame_bytes, 0xee);
   const std::size_t len = detail::build_tx_frame(buf.data(), buf.size(), r.self, r.leaf, p);
-  ASSERT_EQ(len, dp::kFrameHeaderBytes + 256);
+  ASSERT_EQ(len, proto::kFrameHeaderBytes + 256);
 
   // What the leaf switch sees.
-  dp::Parsed parsed;
-  ASSERT_EQ(dp::parse_frame(buf.data(), len, r.leaf.ip, r.leaf.port, &parsed),
-            dp::DropReason::none);
+  proto::Parsed parsed;
+  ASSERT_EQ(proto::parse_frame(buf.data(), len, r.leaf.ip, r.leaf.port, &parsed),
+            proto::Reason::none);
   EXPECT_EQ(parsed.src_ip, r.self.ip);
   EXPECT_EQ(parsed.dst_ip, r.leaf.ip);
   EXPECT_EQ(parsed.src_port, r.self.port);
   EXPECT_EQ(std::memcmp(parsed.src_mac, r.self.mac, 6), 0);
-  const auto eth = dp::load_header<dp::EtherHdr>(buf.data());
+  const auto eth = proto::load_header<proto::EtherHdr>(buf.data());
   EXPECT_EQ(std::memcmp(eth.dst, r.leaf.mac, 6), 0);
-  EXPECT_EQ(std::memcmp(&parsed.td, &p.td, sizeof(dp::TdHdr)), 0);
+  EXPECT_EQ(std::memcmp(&parsed.td, &p.td, sizeof(proto::TdHdr)), 0);
   ASSERT_EQ(parsed.payload_len, 256u);
   EXPECT_EQ(std::memcmp(parsed.payload, payload.data(), 256), 0);
-  EXPECT_EQ(parsed.payload, buf.data() + dp::kFrameHeaderBytes);
+  EXPECT_EQ(parsed.payload, buf.data() + proto::kFrameHeaderBytes);
   EXPECT_EQ(buf[len], 0xee) << "nothing written past the frame";
 
   // Too small a buffer: nothing built.
@@ -172,40 +172,40 @@ TEST(VerbsTransport, BuildTxFrameIsAValidFrameToTheLeaf) {
 TEST(VerbsTransport, ClassifyRxFrame) {
   const detail::VerbsResolved r = resolved();
   std::vector<std::uint8_t> payload(512, 0x5a);
-  dp::TdHdr td = contrib_header(128);
-  td.opcode = static_cast<std::uint8_t>(dp::Opcode::result);
-  std::vector<std::uint8_t> frame(dp::kFrameHeaderBytes + 512 + 10, 0);  // + Ethernet padding
+  proto::TdHdr td = contrib_header(128);
+  td.opcode = static_cast<std::uint8_t>(proto::Opcode::result);
+  std::vector<std::uint8_t> frame(proto::kFrameHeaderBytes + 512 + 10, 0);  // + Ethernet padding
   const std::size_t len =
-      dp::build_frame(frame.data(), r.leaf, r.self, td, payload.data(), payload.size());
+      proto::build_frame(frame.data(), r.leaf, r.self, td, payload.data(), payload.size());
   RxDatagram d{};
   ASSERT_TRUE(detail::classify_rx_frame(frame.data(), frame.size(), r.self, r.leaf, &d));
-  EXPECT_EQ(d.data, frame.data() + dp::kFrameHeaderBytes - sizeof(dp::TdHdr));
-  EXPECT_EQ(d.len, sizeof(dp::TdHdr) + 512);
+  EXPECT_EQ(d.data, frame.data() + proto::kFrameHeaderBytes - sizeof(proto::TdHdr));
+  EXPECT_EQ(d.len, sizeof(proto::TdHdr) + 512);
   EXPECT_EQ(std::memcmp(d.data, &td, sizeof td), 0);
 
   // Truncated.
   EXPECT_FALSE(detail::classify_rx_frame(frame.data(), len - 1, r.self, r.leaf, &d));
   // From another address, or the leaf's address but another port.
-  dp::Endpoint other = r.leaf;
+  proto::Endpoint other = r.leaf;
   other.ip = 0x0a000009;
-  dp::build_frame(frame.data(), other, r.self, td, payload.data(), payload.size());
+  proto::build_frame(frame.data(), other, r.self, td, payload.data(), payload.size());
   EXPECT_FALSE(detail::classify_rx_frame(frame.data(), len, r.self, r.leaf, &d));
   other = r.leaf;
   other.port = 9;
-  dp::build_frame(frame.data(), other, r.self, td, payload.data(), payload.size());
+  proto::build_frame(frame.data(), other, r.self, td, payload.data(), payload.size());
   EXPECT_FALSE(detail::classify_rx_frame(frame.data(), len, r.self, r.leaf, &d));
   // To another port or address of ours.
-  dp::Endpoint me = r.self;
+  proto::Endpoint me = r.self;
   me.port = 1234;
-  dp::build_frame(frame.data(), r.leaf, me, td, payload.data(), payload.size());
+  proto::build_frame(frame.data(), r.leaf, me, td, payload.data(), payload.size());
   EXPECT_FALSE(detail::classify_rx_frame(frame.data(), len, r.self, r.leaf, &d));
   me = r.self;
   me.ip = 0x0a000003;
-  dp::build_frame(frame.data(), r.leaf, me, td, payload.data(), payload.size());
+  proto::build_frame(frame.data(), r.leaf, me, td, payload.data(), payload.size());
   EXPECT_FALSE(detail::classify_rx_frame(frame.data(), len, r.self, r.leaf, &d));
   // An unknown treeduce version from the leaf is passed on (the engine decides).
   td.version = 99;
-  dp::build_frame(frame.data(), r.leaf, r.self, td, payload.data(), payload.size());
+  proto::build_frame(frame.data(), r.leaf, r.self, td, payload.data(), payload.size());
   EXPECT_TRUE(detail::classify_rx_frame(frame.data(), len, r.self, r.leaf, &d));
   // Not IPv4.
   frame[12] = 0x86;

@@ -82,7 +82,7 @@ class Port {
   static constexpr std::size_t kBatch = 64;
 
   Port(const sockaddr_in& leaf, std::uint32_t payload_bytes)
-      : leaf_(leaf), rx_stride_(sizeof(dp::TdHdr) + payload_bytes) {
+      : leaf_(leaf), rx_stride_(sizeof(proto::TdHdr) + payload_bytes) {
     rx_buf_.resize(kBatch * rx_stride_);
     for (std::size_t i = 0; i < kBatch; ++i) {
       tx_msgs_[i].msg_hdr.msg_name = &leaf_;
@@ -122,7 +122,7 @@ class Port {
   // Returns an error sentence for anything else, empty on success.
   std::string send(const host::OutPacket* p, std::size_t n, const std::uint64_t deadline) {
     for (std::size_t i = 0; i < n; ++i) {
-      tx_iov_[2 * i] = {const_cast<dp::TdHdr*>(&p[i].td), sizeof(dp::TdHdr)};
+      tx_iov_[2 * i] = {const_cast<proto::TdHdr*>(&p[i].td), sizeof(proto::TdHdr)};
       tx_iov_[2 * i + 1] = {const_cast<std::uint8_t*>(p[i].payload), p[i].payload_len};
     }
     std::size_t done = 0;
@@ -152,7 +152,7 @@ class Port {
           ++done;
           break;
         case EMSGSIZE:
-          return "a " + std::to_string(sizeof(dp::TdHdr) + p[done].payload_len) +
+          return "a " + std::to_string(sizeof(proto::TdHdr) + p[done].payload_len) +
                  "-byte datagram exceeds the path MTU to the leaf; use a smaller --payload or a "
                  "larger MTU";
         default:
@@ -188,13 +188,13 @@ class Port {
           ++stats_.foreign;
           continue;
         }
-        if (len < sizeof(dp::TdHdr) || (h.msg_flags & MSG_TRUNC) != 0) {
+        if (len < sizeof(proto::TdHdr) || (h.msg_flags & MSG_TRUNC) != 0) {
           ++stats_.malformed;
           continue;
         }
         const std::uint8_t* d = rx_buf_.data() + static_cast<std::size_t>(i) * rx_stride_;
-        engine.on_packet(dp::load_header<dp::TdHdr>(d), d + sizeof(dp::TdHdr),
-                         len - sizeof(dp::TdHdr));
+        engine.on_packet(proto::load_header<proto::TdHdr>(d), d + sizeof(proto::TdHdr),
+                         len - sizeof(proto::TdHdr));
       }
       if (static_cast<std::size_t>(r) < kBatch) return {};
     }
@@ -340,7 +340,7 @@ class Runner {
             status = "timeout";
             break;
           case host::Status::refused:
-            status = "refused(" + std::string(dp::name(engine.nack_reason())) + ")";
+            status = "refused(" + std::string(proto::name(engine.nack_reason())) + ")";
             break;
           case host::Status::bad_result:
             status = "bad_result";
@@ -467,7 +467,7 @@ int main(int argc, char** argv) {
                  std::to_string(opt.world));
   }
   if (!std::has_single_bit(opt.slots)) return usage("--slots must be a power of two");
-  if (!dp::valid_payload_bytes(opt.payload)) {
+  if (!proto::valid_payload_bytes(opt.payload)) {
     return usage("--payload must be a power of two from 256 to 8192");
   }
   if (opt.rto_us == 0 || opt.rto_max_us < opt.rto_us) {

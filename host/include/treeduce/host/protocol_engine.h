@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "treeduce/aggregation/dtype.h"
-#include "treeduce/dataplane/counters.h"
-#include "treeduce/dataplane/wire.h"
+#include "treeduce/protocol/reasons.h"
+#include "treeduce/protocol/wire.h"
 
 namespace treeduce::host {
 
@@ -42,7 +42,7 @@ enum class Status : std::uint8_t {
 /// A packet to send: header (network order) plus a payload pointing into the caller's send
 /// buffer. Valid until the next start().
 struct OutPacket {
-  dp::TdHdr td;
+  proto::TdHdr td;
   const std::uint8_t* payload;
   std::uint32_t payload_len;
 };
@@ -70,14 +70,14 @@ class ProtocolEngine {
   std::size_t poll(std::uint64_t now, OutPacket* out, std::size_t cap);
 
   /// A received treeduce packet (header as on the wire, payload after it).
-  void on_packet(const dp::TdHdr& td, const std::uint8_t* payload, std::size_t len);
+  void on_packet(const proto::TdHdr& td, const std::uint8_t* payload, std::size_t len);
 
   /// Earliest time poll() has something to do; UINT64_MAX when nothing is pending.
   std::uint64_t next_deadline() const noexcept;
 
   Status status() const noexcept { return status_; }
   /// The reason of the NACK that failed the collective (DropReason::none otherwise).
-  dp::DropReason nack_reason() const noexcept { return nack_reason_; }
+  proto::Reason nack_reason() const noexcept { return nack_reason_; }
   const EngineStats& stats() const noexcept { return stats_; }
   const EngineConfig& config() const noexcept { return cfg_; }
   /// Collective sequence number of the current (or last) collective.
@@ -102,7 +102,7 @@ class ProtocolEngine {
   std::uint32_t slot_mask_;
   std::vector<SlotState> slots_;
   Status status_ = Status::idle;
-  dp::DropReason nack_reason_ = dp::DropReason::none;
+  proto::Reason nack_reason_ = proto::Reason::none;
   EngineStats stats_;
   const std::uint8_t* send_ = nullptr;
   std::uint8_t* recv_ = nullptr;
