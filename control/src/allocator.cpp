@@ -8,17 +8,16 @@
 #include <queue>
 #include <tuple>
 
+#include "treeduce/protocol/tree.h"
+
 namespace treeduce::ctl {
 
 namespace {
 
-// Same limits as the switch core (dataplane/include/treeduce/dataplane/core.h): a contribution
-// bitmap is one 64-bit word, slots are a power of two up to 4096, payloads 256..8192 bytes.
-constexpr std::uint32_t kMaxChildren = 64;
-constexpr std::uint32_t kMaxSlots = 4096;
+// A switch takes at most proto::kMaxChildren children per tree (its contribution bitmap is one
+// 64-bit word); windows and payloads follow proto::check_slots() and check_payload_bytes().
+constexpr std::uint32_t kMaxChildren = proto::kMaxChildren;
 constexpr std::uint32_t kMaxWorld = 1u << 20;
-
-bool pow2(std::uint32_t v) { return v && !(v & (v - 1)); }
 
 std::uint32_t popcount_and(const std::uint64_t* a, const std::uint64_t* b, std::size_t n) {
   std::uint32_t c = 0;
@@ -252,12 +251,10 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
     return invalid_argument("Job '" + req.job + "' has a world size of " +
                             std::to_string(req.rank_host.size()) + "; it must be 1 to " +
                             std::to_string(kMaxWorld) + ".");
-  if (!pow2(req.slots) || req.slots > kMaxSlots)
-    return invalid_argument("A window of " + std::to_string(req.slots) +
-                            " slots is not a power of two from 1 to 4096.");
-  if (!pow2(req.payload_bytes) || req.payload_bytes < 256 || req.payload_bytes > 8192)
-    return invalid_argument("A payload of " + std::to_string(req.payload_bytes) +
-                            " bytes is not a power of two from 256 to 8192.");
+  if (auto bad = proto::check_slots(req.slots))
+    return invalid_argument("Job '" + req.job + "': " + *bad);
+  if (auto bad = proto::check_payload_bytes(req.payload_bytes))
+    return invalid_argument("Job '" + req.job + "': " + *bad);
   if (req.dtype_mask >= 1u << 6 || req.op_mask >= 1u << 3)
     return invalid_argument("The job asks for an element type or operation that does not exist.");
 
