@@ -497,29 +497,30 @@ void Switch::Impl::emit(Worker& w, const dp::TxFrame* f, std::size_t n, const Ne
 void Switch::Impl::run_core(Worker& w, rte_mbuf** pkts, std::uint16_t n, const NeighborTable* nt) {
   dp::RxFrame rx[kMaxBurst * 2];
   std::size_t scratch_used = 0;
+  std::uint16_t nrx = 0;
   for (std::uint16_t i = 0; i < n; ++i) {
     rte_mbuf* m = pkts[i];
+    // Longer than any treeduce frame: counted here, once, and not offered to the core.
+    if (m->pkt_len > proto::kMaxFrameBytes) [[unlikely]] {
+      ++w.counters[static_cast<std::size_t>(SwitchdCounter::rx_too_long)];
+      continue;
+    }
     if (m->nb_segs == 1) [[likely]] {
-      rx[i] = {rte_pktmbuf_mtod(m, const std::uint8_t*), m->data_len};
+      rx[nrx++] = {rte_pktmbuf_mtod(m, const std::uint8_t*), m->data_len};
       continue;
     }
     // memif and af_packet deliver big frames in segments; the core wants contiguous bytes.
     ++w.counters[static_cast<std::size_t>(SwitchdCounter::rx_multiseg)];
-    if (m->pkt_len > dp::kMaxFrameBytes) {
-      ++w.counters[static_cast<std::size_t>(SwitchdCounter::rx_too_long)];
-      rx[i] = {nullptr, 0};  // too_short for the core: counted there as well
-      continue;
-    }
     std::uint8_t* dst = w.scratch.data() + scratch_used;
     const auto* whole = static_cast<const std::uint8_t*>(rte_pktmbuf_read(m, 0, m->pkt_len, dst));
-    rx[i] = {whole, whole != nullptr ? m->pkt_len : 0};
-    scratch_used += dp::kMaxFrameBytes;
+    rx[nrx++] = {whole, whole != nullptr ? m->pkt_len : 0};
+    scratch_used += proto::kMaxFrameBytes;
   }
   dp::TxFrame tx[kTxFrames];
   std::size_t done = 0;
-  while (done < n) {
+  while (done < nrx) {
     std::size_t ntx = 0;
-    done += w.core->process_burst(rx + done, n - done, tx, kTxFrames, &ntx);
+    done += w.core->process_burst(rx + done, nrx - done, tx, kTxFrames, &ntx);
     emit(w, tx, ntx, nt);
   }
   rte_pktmbuf_free_bulk(pkts, n);

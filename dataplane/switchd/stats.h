@@ -21,7 +21,7 @@ namespace treeduce::switchd {
 /// dp::Event): _(name, description).
 #define TREEDUCE_FOREACH_SWITCHD_COUNTER(_)                                                   \
   _(rx_multiseg,        "received frames in several segments, linearised before the core")   \
-  _(rx_too_long,        "received frames longer than the largest treeduce frame (dropped)")   \
+  _(rx_too_long,        "received frames longer than the largest treeduce frame (dropped here, not offered to the core)") \
   _(steered,            "frames handed to the lcore that owns their slot")                  \
   _(steer_ring_full,    "frames dropped because the owning lcore's ring was full")           \
   _(arp_requests_in,    "ARP requests received")                                           \

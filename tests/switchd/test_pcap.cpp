@@ -52,6 +52,7 @@
 namespace {
 
 namespace dp = treeduce::dp;
+namespace proto = treeduce::proto;
 namespace sd = treeduce::switchd;
 namespace fs = std::filesystem;
 using treeduce::DType;
@@ -351,6 +352,10 @@ struct Reference {
                                     (load_be16(&f[12]) == 0x0800 && f[kIpOff + 9] == 1));
         if (arp_or_icmp) {
           neighbour(f, port_self, data_self, &slow);
+          continue;
+        }
+        if (f.size() > proto::kMaxFrameBytes) {  // the daemon drops it before the core
+          ++daemon["rx_too_long"];
           continue;
         }
         dp::RxFrame rx{f.data(), f.size()};
@@ -1304,6 +1309,13 @@ TEST(SwitchdPcap, Malformed) {
     in.add(f);
   }
   in.add(with_ip(good, [](dp::Ipv4Hdr& ip) { ip.dst_addr.set(ipv4(10, 0, 0, 77)); }));
+  // Frames longer than any treeduce frame (jumbo frames sent to a 1500-byte port arrive in
+  // segments): counted once, as rx_too_long, and never offered to the core.
+  for (std::size_t len : {std::size_t{9000}, std::size_t{16000}}) {
+    Frame f = good;
+    f.resize(len, std::uint8_t{0});
+    in.add(f);
+  }
   // Positive controls: a valid CONTRIB with 10 bytes of Ethernet padding, then its sibling.
   {
     Frame f = good;
@@ -1336,7 +1348,8 @@ TEST(SwitchdPcap, Malformed) {
                {{"contrib_accepted", 2},
                 {"result_multicast", 1},
                 {"nack_sent", 0},
-                {"rx_frames", in.frames.size()}});
+                {"rx_frames", in.frames.size() - 2}},
+               {{"rx_too_long", 2}});
 }
 
 // ---- scenario 5: ARP and ICMP ----------------------------------------------------------------
