@@ -1,6 +1,8 @@
 // Frame parsing and building. Every read is bounds-checked against the frame length first.
 #include "treeduce/protocol/wire.h"
 
+#include <cstddef>
+
 namespace treeduce::proto {
 
 namespace {
@@ -53,8 +55,12 @@ Reason parse_frame(const std::uint8_t* frame, std::size_t len, std::uint32_t sel
                    std::uint16_t self_port, Parsed* out) noexcept {
   constexpr std::size_t kL3L4 = sizeof(Ipv4Hdr) + sizeof(UdpHdr);
   if (frame == nullptr || len < kFrameHeaderBytes) return Reason::too_short;
-  const auto eth = load_header<EtherHdr>(frame);
-  if (eth.ether_type.get() != kEtherTypeIpv4) return Reason::not_ipv4;
+  // The EtherType alone, not a copy of the whole Ethernet header: GCC spilled the 14-byte copy
+  // of a header with a be16 member through overlapping stack stores, and the reload stalled
+  // store forwarding (perf: ~4 ns per frame, 256 B fan-in 32).
+  be16 ether_type;
+  std::memcpy(&ether_type, frame + offsetof(EtherHdr, ether_type), sizeof ether_type);
+  if (ether_type.get() != kEtherTypeIpv4) return Reason::not_ipv4;
   const std::uint8_t* l3 = frame + sizeof(EtherHdr);
   const auto ip = load_header<Ipv4Hdr>(l3);
   if (ip.version_ihl != 0x45) return Reason::ip_bad_header;
@@ -74,7 +80,7 @@ Reason parse_frame(const std::uint8_t* frame, std::size_t len, std::uint32_t sel
   // long enough only through Ethernet padding).
   if (udp_len < sizeof(UdpHdr) + sizeof(TdHdr)) return Reason::too_short;
   out->src_port = udp.src_port.get();
-  std::memcpy(out->src_mac, eth.src, 6);
+  std::memcpy(out->src_mac, frame + offsetof(EtherHdr, src), 6);
   const std::uint8_t* td = l3 + kL3L4;
   out->td = load_header<TdHdr>(td);
   out->payload = td + sizeof(TdHdr);

@@ -155,7 +155,7 @@ class Core {
   Counters counters_;
   /// process_burst() calls so far (mod 2^16, never 0): frames in `tx` point at slot buffers
   /// stamped with it.
-  std::uint16_t burst_ = 0;
+  std::uint32_t burst_ = 0;
   /// Indexed by tree id: a lookup is one load. 512 KiB of pointers per core. Owning: a published
   /// Tree is deleted by remove_tree(), destroy_tree() after unpublish_tree(), or ~Core().
   std::unique_ptr<std::atomic<Tree*>[]> trees_;
