@@ -32,7 +32,7 @@ struct SlotMeta {
   std::uint64_t bitmap = 0;
   // The process_burst() call (Core::burst_) whose output last pointed at the outgoing payload
   // buffer and at the RESULT buffer. Such a buffer is not written again in the same call: its
-  // frames are still unsent (core.h, TxFrame). A stamp that matches again after 65536 calls
+  // frames are still unsent (core.h, TxFrame). A stamp that matches again after 2^32 calls
   // only defers one frame to the next call, which is always safe.
   std::uint32_t out_burst = 0;
   std::uint32_t res_burst = 0;

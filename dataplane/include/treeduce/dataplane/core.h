@@ -153,7 +153,7 @@ class Core {
 
   CoreConfig cfg_;
   Counters counters_;
-  /// process_burst() calls so far (mod 2^16, never 0): frames in `tx` point at slot buffers
+  /// process_burst() calls so far (mod 2^32, never 0): frames in `tx` point at slot buffers
   /// stamped with it.
   std::uint32_t burst_ = 0;
   /// Indexed by tree id: a lookup is one load. 512 KiB of pointers per core. Owning: a published
