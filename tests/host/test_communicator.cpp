@@ -37,6 +37,9 @@ extern "C" int treeduce_test_c_api(const char* leaf_address, const char* bind_ad
 
 namespace {
 
+// The API's Result, not treeduce::Result<T> (status.h, through udp_transport.h).
+using treeduce::host::Result;
+
 constexpr std::uint16_t kTreeId = 7;
 constexpr std::uint64_t kKey = 0x5eed'1234'abcd'0001ull;
 
@@ -525,77 +528,57 @@ TEST(Communicator, NotOffloadableFallsBackPerCall) {
   EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 10, 0}, false));
 }
 
-// TREEDUCE_PATH=host: every collective on the hosts, nothing sent to the switch.
-// TREEDUCE_TRANSPORT picks the transport; an unknown one, ibverbs with no RDMA device (this
-// machine has none), or a malformed TREEDUCE_UDP_* is a sentence on the network path, never a
-// crash and never a silent default.
-TEST(Communicator, TransportIsChosenByTheEnvironment) {
+// The options' transport: one this build lacks, ibverbs with no RDMA device (this machine has
+// none), or an out-of-range UDP setting is a sentence on the network path, never a crash and
+// never a silent default; a valid one runs. (The variables that fill TransportOptions are
+// test_environment.cpp's.)
+TEST(Communicator, TransportIsChosenByTheOptions) {
   FakeSwitch sw({.world = 1});
   Result r = Result::ok;
   std::string error;
-  setenv("TREEDUCE_TRANSPORT", "carrier-pigeon", 1);
-  EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr);
+  Options o = sw.options(0, "transport", Path::network);
+#ifndef TREEDUCE_TEST_VERBS
+  o.transport.kind = TransportKind::verbs;
+  EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
   EXPECT_EQ(r, Result::unavailable);
-  EXPECT_NE(error.find("TREEDUCE_TRANSPORT is \"carrier-pigeon\"; this build knows udp"),
-            std::string::npos)
+  EXPECT_NE(error.find("This build has no verbs transport; it knows udp"), std::string::npos)
       << error;
-#ifdef TREEDUCE_TEST_VERBS
-  setenv("TREEDUCE_TRANSPORT", "verbs", 1);
-  error.clear();
-  EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr);
-  EXPECT_NE(error.find("verbs transport could not start"), std::string::npos) << error;
+#else
+  o.transport.kind = TransportKind::verbs;
+  EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
+  EXPECT_EQ(r, Result::unavailable);
+  EXPECT_NE(error.find("The verbs transport could not start"), std::string::npos) << error;
 #endif
-  // The transport's own variables are checked too: a typo is a sentence, not another setting.
-  setenv("TREEDUCE_TRANSPORT", "udp", 1);
-  for (const auto& [name, value] :
-       {std::pair{"TREEDUCE_UDP_GSO", "yes"}, std::pair{"TREEDUCE_UDP_GRO", "2"},
-        std::pair{"TREEDUCE_UDP_SEND_PORTS", "0"}, std::pair{"TREEDUCE_UDP_SEND_PORTS", "65"},
-        std::pair{"TREEDUCE_UDP_SEND_PORTS", "4 "}}) {
-    setenv(name, value, 1);
+  o.transport.kind = TransportKind::udp;
+  for (const std::uint32_t ports : {0u, 65u}) {
+    o.transport.udp_send_ports = ports;
     error.clear();
-    EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr)
-        << name << "=" << value;
+    EXPECT_EQ(Communicator::create(o, &r, &error), nullptr) << ports << " send ports";
     EXPECT_EQ(r, Result::unavailable);
-    EXPECT_NE(error.find(std::string(name) + " is '" + value + "', not a whole number from"),
-              std::string::npos)
-        << error;
-    unsetenv(name);
+    EXPECT_NE(error.find("The udp transport could not start: "), std::string::npos) << error;
   }
-  setenv("TREEDUCE_UDP_SEND_PORTS", "4", 1);
-  setenv("TREEDUCE_UDP_GRO", "0", 1);
-  auto comm = make(sw.options(0, "transport", Path::network));
-  unsetenv("TREEDUCE_UDP_SEND_PORTS");
-  unsetenv("TREEDUCE_UDP_GRO");
-  unsetenv("TREEDUCE_TRANSPORT");
+  o.transport.udp_send_ports = 4;
+  o.transport.udp_gro = false;
+  auto comm = make(o);
   ASSERT_NE(comm, nullptr);
   float x = 2;
   EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), Result::ok);
   EXPECT_EQ(x, 2.0f);
+  EXPECT_EQ(comm->stats().network_ops, 1u);
 }
 
-TEST(Communicator, EnvironmentForcesHostPath) {
+// Path::host: every collective on the hosts, nothing sent to the switch.
+TEST(Communicator, HostPathSendsNothingToTheSwitch) {
   constexpr std::uint32_t kWorld = 2;
   FakeSwitch sw({.world = kWorld});
   TempDir store;
-  setenv("TREEDUCE_PATH", "host", 1);
-  setenv("TREEDUCE_JOB", "forced-host", 1);
-  setenv("TREEDUCE_RANK", "0", 1);
-  setenv("TREEDUCE_WORLD_SIZE", "2", 1);
-  Options env;
-  std::string error;
-  const Result r = options_from_environment(&env, &error);
-  unsetenv("TREEDUCE_PATH");
-  unsetenv("TREEDUCE_JOB");
-  unsetenv("TREEDUCE_RANK");
-  unsetenv("TREEDUCE_WORLD_SIZE");
-  ASSERT_EQ(r, Result::ok) << error;
-  ASSERT_EQ(env.path, Path::host);
   run_ranks(kWorld, [&](std::uint32_t rank) {
-    Options o = sw.options(rank, env.job, env.path);
+    Options o = sw.options(rank, "forced-host", Path::host);
     o.fallback_store = store.path();
     auto comm = make(o);
     ASSERT_NE(comm, nullptr);
     EXPECT_EQ(comm->path(), Path::host);
+    EXPECT_EQ(comm->path_reason(), "host-side reduction was asked for (path = host)");
     EXPECT_FALSE(comm->offloads(DType::f32, ReduceOp::sum));
     EXPECT_TRUE(run_case(*comm, {DType::bf16, ReduceOp::sum, 3000, 0}, false));
     EXPECT_TRUE(run_case(*comm, {DType::i32, ReduceOp::max, 3, 0}, true));
@@ -603,8 +586,50 @@ TEST(Communicator, EnvironmentForcesHostPath) {
     const Stats s = comm->stats();
     EXPECT_EQ(s.network_ops, 0u);
     EXPECT_EQ(s.fallback_ops, 3u);
+    EXPECT_EQ(s.fallback_reason, "") << "asked for, not a fallback";
   });
   EXPECT_EQ(sw.received(), 0u);
+}
+
+// A blocking allreduce started while non-blocking ones are queued waits its turn: operations
+// complete in start order on every rank (sizes differ per position, so a blocking call that
+// overtook a queued one would pair different operations across ranks and fail, or hang).
+TEST(Communicator, BlockingCallWaitsForQueuedOperations) {
+  constexpr std::uint32_t kWorld = 2, kQueued = 3;
+  FakeSwitch sw({.world = kWorld});
+  run_ranks(kWorld, [&](std::uint32_t rank) {
+    auto comm = make(sw.options(rank, "order", Path::network));
+    ASSERT_NE(comm, nullptr);
+    std::vector<exact::Case> cases;
+    std::vector<CaseData> data;
+    for (std::uint32_t i = 0; i <= kQueued; ++i) {
+      cases.push_back({DType::i32, ReduceOp::sum, 3000 + 1000 * i, i});
+      data.emplace_back(cases.back(), rank, kWorld);
+    }
+    std::vector<std::vector<std::uint8_t>> out(kQueued + 1);
+    std::vector<Request> req(kQueued);
+    for (std::uint32_t i = 0; i < kQueued; ++i) {
+      out[i].assign(data[i].in.size(), 0);
+      ASSERT_EQ(comm->iallreduce(data[i].in.data(), out[i].data(), cases[i].count,
+                                 cases[i].dtype, cases[i].op, &req[i]),
+                Result::ok);
+    }
+    out[kQueued].assign(data[kQueued].in.size(), 0);
+    EXPECT_EQ(comm->allreduce(data[kQueued].in.data(), out[kQueued].data(), cases[kQueued].count,
+                              cases[kQueued].dtype, cases[kQueued].op),
+              Result::ok)
+        << comm->last_error();
+    // The blocking call returned: everything started before it is done.
+    for (std::uint32_t i = 0; i < kQueued; ++i) {
+      EXPECT_EQ(comm->test(req[i]), Result::ok) << "operation " << i << ": "
+                                                << comm->last_error();
+      EXPECT_EQ(out[i], data[i].want) << "operation " << i << " rank " << rank;
+    }
+    EXPECT_EQ(out[kQueued], data[kQueued].want);
+    // And after it, blocking calls run again (on the caller's thread, nothing being queued).
+    EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 1000, 9}, false));
+    EXPECT_EQ(comm->stats().network_ops, kQueued + 2);
+  });
 }
 
 // A switch that refuses (here: the ranks carry the wrong job key, so it NACKs bad_key): the
