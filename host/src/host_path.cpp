@@ -28,13 +28,14 @@ treeduce::Status HostPath::connect() {
                    : is_ipv4(opt_.host)           ? opt_.host
                                                   : "127.0.0.1";
   h.timeout_ms = std::max(opt_.join_timeout_ms, opt_.op_timeout_ms);
-  std::string err;
-  reducer_ = make_gloo_reducer(h, &err);
-  if (!reducer_) {
-    error_ = treeduce::Status(
-        Code::aborted, "Host-side reduction could not connect the ranks: " + as_phrase(err) + ".");
+  auto r = make_gloo_reducer(h);
+  if (!r.ok()) {
+    error_ = treeduce::Status(Code::aborted, "Host-side reduction could not connect the ranks: " +
+                                                 as_phrase(r.status().message()) + ".");
+    return error_;
   }
-  return error_;
+  reducer_ = std::move(r).value();
+  return treeduce::Status::Ok();
 }
 
 treeduce::Status HostPath::run(const Operation& o, const void* send, std::uint64_t op_index) {
@@ -47,8 +48,9 @@ treeduce::Status HostPath::run(const Operation& o, const void* send, std::uint64
   // per host-side operation (docs/host.md, "Failures").
   const auto idx = static_cast<std::int32_t>(op_index & 0x3FFFFFFF);
   std::int32_t at[2] = {idx, -idx};
-  if (std::string e = reducer_->allreduce(at, at, 2, DType::i32, ReduceOp::max); !e.empty()) {
-    return treeduce::Status(Code::aborted, "Host-side reduction failed: " + as_phrase(e) + ".");
+  if (auto e = reducer_->allreduce(at, at, 2, DType::i32, ReduceOp::max); !e.ok()) {
+    return treeduce::Status(Code::aborted,
+                            "Host-side reduction failed: " + as_phrase(e.message()) + ".");
   }
   if (at[0] != -at[1]) {
     return treeduce::Status(
@@ -58,8 +60,9 @@ treeduce::Status HostPath::run(const Operation& o, const void* send, std::uint64
             std::to_string(idx) + ", another at " + std::to_string(at[0] == idx ? -at[1] : at[0]) +
             "): the job cannot go on safely; restart it.");
   }
-  if (std::string e = reducer_->allreduce(send, o.recv, o.count, o.dtype, o.op); !e.empty()) {
-    return treeduce::Status(Code::aborted, "Host-side reduction failed: " + as_phrase(e) + ".");
+  if (auto e = reducer_->allreduce(send, o.recv, o.count, o.dtype, o.op); !e.ok()) {
+    return treeduce::Status(Code::aborted,
+                            "Host-side reduction failed: " + as_phrase(e.message()) + ".");
   }
   return treeduce::Status::Ok();
 }

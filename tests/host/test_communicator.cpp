@@ -30,7 +30,6 @@
 
 using namespace treeduce;
 using namespace treeduce::host;
-using Clock = std::chrono::steady_clock;
 
 extern "C" int treeduce_test_c_api(const char* leaf_address, const char* bind_address,
                                    unsigned short port, char* message, size_t message_len);
@@ -435,19 +434,20 @@ TEST(Communicator, RecoversFromLoss) {
 
 // --- Failures and fallback ----------------------------------------------------------------------
 
-// Path::network: a switch that dies mid-operation gives timeout within the bound, never a hang.
+// Path::network: a switch that dies mid-operation gives timeout once a chunk has used up its
+// retransmissions (the engine's bound, about 3.2 s; not the test's clock), never a hang.
 TEST(Communicator, DeadSwitchTimesOutOnNetworkPath) {
   constexpr std::uint32_t kWorld = 2;
   FakeSwitch sw({.world = kWorld, .die_after = 40});
   run_ranks(kWorld, [&](std::uint32_t rank) {
     auto comm = make(sw.options(rank, "dead-network", Path::network));
     ASSERT_NE(comm, nullptr);
-    const auto t0 = Clock::now();
     EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 20000, 0}, false, Result::timeout));
-    const auto s = std::chrono::duration<double>(Clock::now() - t0).count();
-    EXPECT_LT(s, 6.0) << "the bound is about 3.2 s after the switch's last answer";
     EXPECT_NE(comm->last_error().find("stopped answering"), std::string::npos)
         << comm->last_error();
+    EXPECT_NE(comm->last_error().find("after 30 retransmissions"), std::string::npos)
+        << comm->last_error();
+    EXPECT_GE(comm->stats().retransmits, 30u) << "the timeout came from the retransmission bound";
     EXPECT_EQ(comm->stats().fallback_ops, 0u);
   });
   EXPECT_TRUE(sw.dead());
@@ -663,8 +663,8 @@ TEST(Communicator, SwitchRefusalFallsBack) {
       << err;
 }
 
-// A manager nobody answers at: network fails creation, auto falls back at creation; both within
-// the join timeout.
+// A manager nobody answers at: network fails creation, auto falls back at creation (the join
+// timeout ends the wait; a hang would be the test's timeout).
 TEST(Communicator, UnreachableManager) {
   constexpr std::uint32_t kWorld = 2;
   TempDir store;
@@ -677,11 +677,9 @@ TEST(Communicator, UnreachableManager) {
   o.join_timeout_ms = 2000;
   Result r = Result::ok;
   std::string error;
-  auto t0 = Clock::now();
   EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
   EXPECT_EQ(r, Result::unavailable) << error;
   EXPECT_NE(error.find(manager), std::string::npos) << error;
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
 
   ::testing::internal::CaptureStderr();
   run_ranks(kWorld, [&](std::uint32_t rank) {
