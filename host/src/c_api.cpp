@@ -3,11 +3,14 @@
 // tdr_internal with the exception's text as the last error.
 #include "treeduce/treeduce.h"
 
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <new>
 #include <string>
 
+#include "environment.h"
+#include "errors.h"
 #include "treeduce/host/communicator.h"
 
 using treeduce::DType;
@@ -174,6 +177,13 @@ tdr_result_t tdr_comm_create(const tdr_options_t* opt, tdr_comm_t** comm) {
     o.static_tree.payload_bytes = opt->static_payload_bytes;
     o.static_tree.dtype_mask = opt->static_dtype_mask;
     o.static_tree.op_mask = opt->static_op_mask;
+    // tdr_options_t has no transport fields: the transport's variables choose it, as they do for
+    // tdr_comm_create_from_env().
+    const treeduce::Status t = treeduce::host::parse_transport_environment(
+        [](const char* n) { return std::getenv(n); }, &o.transport);
+    if (!t.ok()) {
+      return static_cast<Result>(fail(nullptr, to_c(treeduce::host::to_result(t)), t.message()));
+    }
     return static_cast<Result>(create(o, comm));
   });
 }

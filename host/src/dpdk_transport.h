@@ -1,5 +1,5 @@
 // The host library's DPDK transport (docs/host.md, "Transports"): the Transport interface of
-// udp_transport.h over one DPDK ethdev port, for traffic generators and benchmarks that want the
+// transport.h over one DPDK ethdev port, for traffic generators and benchmarks that want the
 // host side out of the kernel.
 //
 // The EAL is initialised once, before creating a transport, with the port it will use probed,
@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "udp_transport.h"
+#include "transport.h"
 
 namespace treeduce::host {
 

@@ -1,4 +1,5 @@
-// options_from_environment (communicator.h): a communicator's options from the launcher.
+// options_from_environment (communicator.h): a communicator's options from the launcher, and the
+// parser behind it (environment.h). The only place the host library reads the environment.
 //
 // Each field takes the first variable that is set and not empty, so that treeduce's own
 // variables override what a launcher exports: rank from TREEDUCE_RANK, RANK (torchrun),
@@ -13,10 +14,12 @@
 #include <charconv>
 #include <climits>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <string_view>
 
-#include "treeduce/host/communicator.h"
+#include "environment.h"
+#include "errors.h"
 #include "treeduce/protocol/wire.h"
 
 namespace treeduce::host {
@@ -27,60 +30,119 @@ struct Var {
   std::string value;
 };
 
-// The first of `names` that is set and not empty.
-Var first_of(std::initializer_list<const char*> names) {
-  for (const char* n : names) {
-    const char* v = std::getenv(n);
-    if (v != nullptr && *v != '\0') return {n, v};
-  }
-  return {};
+// A variable's number from `min` to `max`.
+treeduce::Status number(const Var& v, std::uint64_t min, std::uint64_t max, std::uint64_t* out) {
+  return parse_number(v.name, v.value, min, max, out);
 }
 
-// A decimal number from 0 to `max`, nothing else (no sign, no spaces, no suffix).
-bool parse_number(const Var& v, std::uint64_t max, std::uint64_t* out, std::string* error) {
-  std::uint64_t x = 0;
-  const char* end = v.value.data() + v.value.size();
-  auto [p, ec] = std::from_chars(v.value.data(), end, x);
-  if (ec != std::errc() || p != end || x > max) {
-    *error = std::string(v.name) + " is '" + v.value + "', not a whole number from 0 to " +
-             std::to_string(max) + ".";
-    return false;
+// The transport's variables (docs/host.md, "Environment"; TransportOptions).
+treeduce::Status parse_transport(const std::function<Var(std::initializer_list<const char*>)>& var,
+                                 TransportOptions* t) {
+  if (const Var v = var({"TREEDUCE_TRANSPORT"}); v.name) {
+    if (v.value == "udp") {
+      t->kind = TransportKind::udp;
+    } else if (v.value == "dpdk") {
+      t->kind = TransportKind::dpdk;
+    } else if (v.value == "verbs") {
+      t->kind = TransportKind::verbs;
+    } else {
+      return invalid_argument("TREEDUCE_TRANSPORT is '" + v.value +
+                              "'; it must be udp, dpdk or verbs.");
+    }
   }
-  *out = x;
-  return true;
+  std::uint64_t x = 0;
+  if (const Var v = var({"TREEDUCE_UDP_SEND_PORTS"}); v.name) {
+    if (auto s = number(v, 1, 64, &x); !s.ok()) return s;
+    t->udp_send_ports = std::uint32_t(x);
+  }
+  if (const Var v = var({"TREEDUCE_UDP_GSO"}); v.name) {
+    if (auto s = number(v, 0, 1, &x); !s.ok()) return s;
+    t->udp_gso = x != 0;
+  }
+  if (const Var v = var({"TREEDUCE_UDP_GRO"}); v.name) {
+    if (auto s = number(v, 0, 1, &x); !s.ok()) return s;
+    t->udp_gro = x != 0;
+  }
+  if (const Var v = var({"TREEDUCE_VERBS_PORT"}); v.name) {
+    if (auto s = number(v, 1, 255, &x); !s.ok()) return s;
+    t->verbs_port = std::uint8_t(x);
+  }
+  if (const Var v = var({"TREEDUCE_VERBS_DEVICE"}); v.name) t->verbs_device = v.value;
+  if (const Var v = var({"TREEDUCE_DPDK_PORT"}); v.name) t->dpdk_port = v.value;
+  if (const Var v = var({"TREEDUCE_DPDK_EAL"}); v.name) t->dpdk_eal = v.value;
+  if (const Var v = var({"TREEDUCE_LOCAL_MAC"}); v.name) t->local_mac = v.value;
+  if (const Var v = var({"TREEDUCE_LEAF_MAC"}); v.name) t->leaf_mac = v.value;
+  return treeduce::Status::Ok();
 }
 
 }  // namespace
 
+treeduce::Status parse_number(std::string_view name, std::string_view value, std::uint64_t min,
+                              std::uint64_t max, std::uint64_t* out) {
+  std::uint64_t x = 0;
+  const char* end = value.data() + value.size();
+  auto [p, ec] = std::from_chars(value.data(), end, x);
+  if (ec != std::errc() || p != end || x < min || x > max) {
+    return invalid_argument(std::string(name) + " is '" + std::string(value) +
+                            "', not a whole number from " + std::to_string(min) + " to " +
+                            std::to_string(max) + ".");
+  }
+  *out = x;
+  return treeduce::Status::Ok();
+}
+
+treeduce::Status parse_transport_environment(const EnvLookup& env, TransportOptions* out) {
+  TransportOptions t = *out;
+  auto s = parse_transport(
+      [&env](std::initializer_list<const char*> names) -> Var {
+        for (const char* n : names) {
+          const char* v = env(n);
+          if (v != nullptr && *v != '\0') return {n, v};
+        }
+        return {};
+      },
+      &t);
+  if (s.ok()) *out = std::move(t);
+  return s;
+}
+
 Result options_from_environment(Options* out, std::string* error) {
-  std::string scratch;
-  if (error == nullptr) error = &scratch;
   if (out == nullptr) {
-    *error = "options_from_environment needs an Options to fill.";
+    if (error != nullptr) *error = "options_from_environment needs an Options to fill.";
     return Result::invalid_argument;
   }
+  const treeduce::Status s = parse_environment([](const char* n) { return std::getenv(n); }, out);
+  if (error != nullptr) *error = s.message();
+  return to_result(s);
+}
+
+treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
+  // The first of `names` that is set and not empty.
+  const auto first_of = [&env](std::initializer_list<const char*> names) -> Var {
+    for (const char* n : names) {
+      const char* v = env(n);
+      if (v != nullptr && *v != '\0') return {n, v};
+    }
+    return {};
+  };
   Options o = *out;  // written back only when every variable is valid
 
   const Var rank = first_of({"TREEDUCE_RANK", "RANK", "OMPI_COMM_WORLD_RANK"});
   const Var world = first_of({"TREEDUCE_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"});
   if (rank.name == nullptr || world.name == nullptr) {
-    *error =
+    return invalid_argument(
         "No rank or world size: set TREEDUCE_RANK and TREEDUCE_WORLD_SIZE, or start the "
-        "processes with torchrun (RANK, WORLD_SIZE) or Open MPI's mpirun.";
-    return Result::invalid_argument;
+        "processes with torchrun (RANK, WORLD_SIZE) or Open MPI's mpirun.");
   }
   std::uint64_t r = 0, w = 0;
-  if (!parse_number(rank, UINT32_MAX, &r, error) || !parse_number(world, UINT32_MAX, &w, error))
-    return Result::invalid_argument;
-  if (w == 0) {
-    *error = std::string(world.name) + " is 0; a job has at least one rank.";
-    return Result::invalid_argument;
-  }
+  if (auto s = number(rank, 0, UINT32_MAX, &r); !s.ok()) return s;
+  if (auto s = number(world, 0, UINT32_MAX, &w); !s.ok()) return s;
+  if (w == 0)
+    return invalid_argument(std::string(world.name) + " is 0; a job has at least one rank.");
   if (r >= w) {
-    *error = std::string(rank.name) + " is " + std::to_string(r) + ", but ranks of a world of " +
-             std::to_string(w) + " (" + world.name + ") go from 0 to " + std::to_string(w - 1) +
-             ".";
-    return Result::invalid_argument;
+    return invalid_argument(std::string(rank.name) + " is " + std::to_string(r) +
+                            ", but ranks of a world of " + std::to_string(w) + " (" + world.name +
+                            ") go from 0 to " + std::to_string(w - 1) + ".");
   }
   o.rank = std::uint32_t(r);
   o.world_size = std::uint32_t(w);
@@ -93,10 +155,9 @@ Result options_from_environment(Options* out, std::string* error) {
   if (job.name != nullptr) {
     o.job = job.value;
   } else if (o.job.empty()) {
-    *error =
+    return invalid_argument(
         "No job name: set TREEDUCE_JOB to a name every rank of the job shares (torchrun's "
-        "TORCHELASTIC_RUN_ID is used when it is set).";
-    return Result::invalid_argument;
+        "TORCHELASTIC_RUN_ID is used when it is set).");
   }
 
   if (const Var v = first_of({"TREEDUCE_MANAGER"}); v.name) o.manager = v.value;
@@ -104,42 +165,38 @@ Result options_from_environment(Options* out, std::string* error) {
     o.host = v.value;
   } else if (o.host.empty()) {
     char name[HOST_NAME_MAX + 1] = {};
-    if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') {
-      *error = "TREEDUCE_HOST is not set and this machine's host name cannot be read.";
-      return Result::invalid_argument;
-    }
+    if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0')
+      return invalid_argument(
+          "TREEDUCE_HOST is not set and this machine's host name cannot be read.");
     o.host = name;
   }
   if (const Var v = first_of({"TREEDUCE_BIND"}); v.name) o.bind_address = v.value;
   if (const Var v = first_of({"TREEDUCE_PORT"}); v.name) {
     std::uint64_t port = 0;
-    if (!parse_number(v, 65535, &port, error)) return Result::invalid_argument;
+    if (auto s = number(v, 0, 65535, &port); !s.ok()) return s;
     o.port = std::uint16_t(port);
   }
   // The window and the packet payload asked of the manager (it may grant less); the payload must
   // fit the path's MTU (docs/host.md).
   if (const Var v = first_of({"TREEDUCE_SLOTS"}); v.name) {
     std::uint64_t slots = 0;
-    if (!parse_number(v, 4096, &slots, error)) return Result::invalid_argument;
-    if (slots == 0 || (slots & (slots - 1)) != 0) {
-      *error = "TREEDUCE_SLOTS is " + v.value + "; it must be a power of two from 1 to 4096.";
-      return Result::invalid_argument;
-    }
+    if (auto s = number(v, 0, 4096, &slots); !s.ok()) return s;
+    if (slots == 0 || (slots & (slots - 1)) != 0)
+      return invalid_argument("TREEDUCE_SLOTS is " + v.value +
+                              "; it must be a power of two from 1 to 4096.");
     o.slots = std::uint32_t(slots);
   }
   if (const Var v = first_of({"TREEDUCE_PAYLOAD_BYTES"}); v.name) {
     std::uint64_t bytes = 0;
-    if (!parse_number(v, 8192, &bytes, error)) return Result::invalid_argument;
-    if (!proto::valid_payload_bytes(bytes)) {
-      *error =
-          "TREEDUCE_PAYLOAD_BYTES is " + v.value + "; it must be a power of two from 256 to 8192.";
-      return Result::invalid_argument;
-    }
+    if (auto s = number(v, 0, 8192, &bytes); !s.ok()) return s;
+    if (!proto::valid_payload_bytes(bytes))
+      return invalid_argument("TREEDUCE_PAYLOAD_BYTES is " + v.value +
+                              "; it must be a power of two from 256 to 8192.");
     o.payload_bytes = std::uint32_t(bytes);
   }
   if (const Var v = first_of({"TREEDUCE_RTO_US"}); v.name) {
     std::uint64_t us = 0;
-    if (!parse_number(v, 128000, &us, error)) return Result::invalid_argument;
+    if (auto s = number(v, 0, 128000, &us); !s.ok()) return s;
     o.rto_us = std::uint32_t(us);
   }
   if (const Var v = first_of({"TREEDUCE_PATH"}); v.name) {
@@ -150,16 +207,17 @@ Result options_from_environment(Options* out, std::string* error) {
     } else if (v.value == "host") {
       o.path = Path::host;
     } else {
-      *error = "TREEDUCE_PATH is '" + v.value + "'; it must be auto, network or host.";
-      return Result::invalid_argument;
+      return invalid_argument("TREEDUCE_PATH is '" + v.value +
+                              "'; it must be auto, network or host.");
     }
   }
   if (const Var v = first_of({"TREEDUCE_FALLBACK_STORE"}); v.name) o.fallback_store = v.value;
   if (const Var v = first_of({"TREEDUCE_FALLBACK_ADDRESS"}); v.name) o.fallback_address = v.value;
 
+  if (auto s = parse_transport(first_of, &o.transport); !s.ok()) return s;
+
   *out = std::move(o);
-  error->clear();
-  return Result::ok;
+  return treeduce::Status::Ok();
 }
 
 }  // namespace treeduce::host

@@ -29,12 +29,15 @@ class GlooReducer final : public HostReducer {
       : ctx_(std::move(ctx)), timeout_(timeout) {}
 
   // Not thread-safe: the communicator runs one collective at a time.
-  std::string allreduce(const void* send, void* recv, std::size_t count, DType dtype,
-                        ReduceOp op) override {
-    if (count == 0) return "";  // every rank passes 0: nothing to exchange
-    if (send == nullptr || recv == nullptr) return "The send and receive buffers must be given.";
-    if (std::size_t(dtype) >= kNumDTypes || std::size_t(op) >= kNumReduceOps)
-      return "Host-side allreduce got an element type or operation that does not exist.";
+  treeduce::Status allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                             ReduceOp op) override {
+    if (count == 0) return treeduce::Status::Ok();  // every rank passes 0: nothing to exchange
+    if (send == nullptr || recv == nullptr)
+      return invalid_argument("The send and receive buffers must be given.");
+    if (std::size_t(dtype) >= kNumDTypes || std::size_t(op) >= kNumReduceOps) {
+      return invalid_argument(
+          "Host-side allreduce got an element type or operation that does not exist.");
+    }
     const agg::KernelTable& k = agg::kernels();
     try {
       if (dtype == DType::i32) {
@@ -50,10 +53,11 @@ class GlooReducer final : public HostReducer {
         k.emit_fn(dtype)(recv, wide_.data(), count);
       }
     } catch (const std::exception& e) {
-      return "Host-side allreduce of " + std::to_string(count) + " " + std::string(name(dtype)) +
-             " elements failed: " + e.what();
+      return treeduce::Status(Code::aborted, "Host-side allreduce of " + std::to_string(count) +
+                                                 " " + std::string(name(dtype)) +
+                                                 " elements failed: " + e.what());
     }
-    return "";
+    return treeduce::Status::Ok();
   }
 
  private:
@@ -75,11 +79,8 @@ class GlooReducer final : public HostReducer {
 
 }  // namespace
 
-std::unique_ptr<HostReducer> make_gloo_reducer(const HostReducerOptions& opt, std::string* error) {
-  auto fail = [&](const std::string& why) -> std::unique_ptr<HostReducer> {
-    if (error) *error = why;
-    return nullptr;
-  };
+treeduce::Result<std::unique_ptr<HostReducer>> make_gloo_reducer(const HostReducerOptions& opt) {
+  const auto fail = [](std::string why) { return invalid_argument(std::move(why)); };
   if (opt.job.empty()) return fail("Host-side reduction needs a job name.");
   if (opt.world_size == 0 || opt.rank >= opt.world_size)
     return fail("Rank " + std::to_string(opt.rank) + " does not exist in a world of " +
@@ -93,14 +94,14 @@ std::unique_ptr<HostReducer> make_gloo_reducer(const HostReducerOptions& opt, st
   auto ctx = connect_gloo(
       {opt.store_dir, opt.job, opt.bind_address, opt.rank, opt.world_size, timeout}, &reason);
   if (!ctx) {
-    return fail("Host-side reduction could not connect rank " + std::to_string(opt.rank) +
-                " of job '" + opt.job + "' to its " + std::to_string(opt.world_size - 1) +
-                " peers within " + std::to_string(opt.timeout_ms) + " ms through " + opt.store_dir +
-                " (" + reason +
-                "); if an earlier run of the job was killed during its rendezvous, delete the "
-                "directory's files and retry.");
+    return unavailable(
+        "Host-side reduction could not connect rank " + std::to_string(opt.rank) + " of job '" +
+        opt.job + "' to its " + std::to_string(opt.world_size - 1) + " peers within " +
+        std::to_string(opt.timeout_ms) + " ms through " + opt.store_dir + " (" + reason +
+        "); if an earlier run of the job was killed during its rendezvous, delete the "
+        "directory's files and retry.");
   }
-  return std::make_unique<GlooReducer>(std::move(ctx), timeout);
+  return std::unique_ptr<HostReducer>(std::make_unique<GlooReducer>(std::move(ctx), timeout));
 }
 
 }  // namespace treeduce::host

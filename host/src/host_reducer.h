@@ -7,6 +7,7 @@
 #include <string>
 
 #include "treeduce/aggregation/dtype.h"
+#include "treeduce/common/status.h"
 
 namespace treeduce::host {
 
@@ -15,9 +16,9 @@ class HostReducer {
   virtual ~HostReducer() = default;
   /// Blocking allreduce among all ranks, with treeduce's numerics (docs/numerics.md): narrow
   /// types are widened to binary32, reduced, and narrowed once; MIN/MAX are IEEE
-  /// minimum/maximum (NaN propagates, -0 < +0); i32 sums wrap. Returns "" or an error sentence.
-  virtual std::string allreduce(const void* send, void* recv, std::size_t count, DType dtype,
-                                ReduceOp op) = 0;
+  /// minimum/maximum (NaN propagates, -0 < +0); i32 sums wrap. Ok, or why not.
+  virtual treeduce::Status allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                     ReduceOp op) = 0;
 };
 
 struct HostReducerOptions {
@@ -29,8 +30,8 @@ struct HostReducerOptions {
   std::uint32_t timeout_ms = 60000;
 };
 
-/// Connects all ranks (blocks until every rank has called it, or timeout). nullptr and a
-/// sentence in `*error` on failure.
-std::unique_ptr<HostReducer> make_gloo_reducer(const HostReducerOptions& opt, std::string* error);
+/// Connects all ranks (blocks until every rank has called it, or timeout): the reducer, or why
+/// not (invalid_argument: the options; unavailable: the rendezvous failed).
+treeduce::Result<std::unique_ptr<HostReducer>> make_gloo_reducer(const HostReducerOptions& opt);
 
 }  // namespace treeduce::host

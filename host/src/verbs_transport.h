@@ -1,4 +1,4 @@
-// An ibverbs implementation of host::Transport (udp_transport.h), built when rdma-core
+// An ibverbs implementation of host::Transport (transport.h), built when rdma-core
 // (libibverbs) is present.
 //
 // treeduce switches speak Ethernet/IPv4/UDP, not RoCE, so this transport uses a RAW_PACKET QP
@@ -55,8 +55,8 @@
 #include <memory>
 #include <string>
 
+#include "transport.h"
 #include "treeduce/protocol/wire.h"
-#include "udp_transport.h"
 
 namespace treeduce::host {
 

@@ -30,12 +30,14 @@
 
 using namespace treeduce;
 using namespace treeduce::host;
-using Clock = std::chrono::steady_clock;
 
 extern "C" int treeduce_test_c_api(const char* leaf_address, const char* bind_address,
                                    unsigned short port, char* message, size_t message_len);
 
 namespace {
+
+// The API's Result, not treeduce::Result<T> (status.h, through udp_transport.h).
+using treeduce::host::Result;
 
 constexpr std::uint16_t kTreeId = 7;
 constexpr std::uint64_t kKey = 0x5eed'1234'abcd'0001ull;
@@ -206,10 +208,10 @@ void run_ranks(std::uint32_t world, const std::function<void(std::uint32_t)>& fn
 }
 
 std::unique_ptr<Communicator> make(const Options& o) {
-  host::Result r = host::Result::internal;
+  Result r = Result::internal;
   std::string error;
   auto c = Communicator::create(o, &r, &error);
-  EXPECT_EQ(r, host::Result::ok) << error;
+  EXPECT_EQ(r, Result::ok) << error;
   EXPECT_NE(c, nullptr) << error;
   return c;
 }
@@ -243,12 +245,12 @@ struct CaseData {
 
 // Allreduce of one case on `c`, in place or not; true when the result is exact.
 ::testing::AssertionResult run_case(Communicator& comm, const exact::Case& c, bool in_place,
-                                    host::Result expect = host::Result::ok) {
+                                    Result expect = Result::ok) {
   CaseData d(c, comm.rank(), comm.world_size());
   std::vector<std::uint8_t> out(d.in.size(), 0xA5);
   if (in_place) out = d.in;
   const void* send = in_place ? out.data() : d.in.data();
-  const host::Result r = comm.allreduce(send, out.data(), c.count, c.dtype, c.op);
+  const Result r = comm.allreduce(send, out.data(), c.count, c.dtype, c.op);
   const std::string what = std::string(name(c.dtype)) + " " + std::string(name(c.op)) +
                            " count=" + std::to_string(c.count) + (in_place ? " in place" : "") +
                            " rank " + std::to_string(comm.rank());
@@ -256,7 +258,7 @@ struct CaseData {
     return ::testing::AssertionFailure()
            << what << ": " << to_string(r) << " (" << comm.last_error() << ")";
   }
-  if (r == host::Result::ok && out != d.want) {
+  if (r == Result::ok && out != d.want) {
     std::size_t bad = 0;
     while (exact::load(c.dtype, out.data(), bad) == exact::load(c.dtype, d.want.data(), bad)) ++bad;
     return ::testing::AssertionFailure()
@@ -322,7 +324,7 @@ TEST(Communicator, NonBlockingOperationsFromTwoThreads) {
         out[i].assign(data[i].in.size(), 0);
         EXPECT_EQ(comm->iallreduce(data[i].in.data(), out[i].data(), cases[i].count, cases[i].dtype,
                                    cases[i].op, &req[i]),
-                  host::Result::ok);
+                  Result::ok);
         started.fetch_add(1);
         turn.store(i + 1);
       }
@@ -330,11 +332,11 @@ TEST(Communicator, NonBlockingOperationsFromTwoThreads) {
       // Complete the other thread's requests: test until done, then wait (a no-op by then
       // would be an error: the request is gone).
       for (std::uint32_t i = 1 - parity; i < kOps; i += 2) {
-        host::Result r;
-        while ((r = comm->test(req[i])) == host::Result::in_progress) std::this_thread::yield();
-        EXPECT_EQ(r, host::Result::ok) << comm->last_error();
+        Result r;
+        while ((r = comm->test(req[i])) == Result::in_progress) std::this_thread::yield();
+        EXPECT_EQ(r, Result::ok) << comm->last_error();
         EXPECT_EQ(out[i], data[i].want) << "operation " << i << " rank " << rank;
-        EXPECT_EQ(comm->wait(req[i]), host::Result::invalid_argument);
+        EXPECT_EQ(comm->wait(req[i]), Result::invalid_argument);
       }
     };
     std::thread a(worker, 0), b(worker, 1);
@@ -354,20 +356,20 @@ TEST(Communicator, ReduceBroadcastBarrier) {
     const exact::Case c{DType::f32, ReduceOp::sum, 1000, 0};
     CaseData d(c, rank, kWorld);
     std::vector<std::uint8_t> out(d.in.size(), 0x5A);
-    EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, 1), host::Result::ok);
+    EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, 1), Result::ok);
     if (rank == 1) {
       EXPECT_EQ(out, d.want);
     } else {
       EXPECT_EQ(out, std::vector<std::uint8_t>(d.in.size(), 0x5A));
     }
     EXPECT_EQ(comm->reduce(d.in.data(), nullptr, c.count, c.dtype, c.op, 0),
-              rank == 0 ? host::Result::invalid_argument : host::Result::ok);
+              rank == 0 ? Result::invalid_argument : Result::ok);
     // The root's reduce above failed before it started; the others must not be left waiting.
     if (rank == 0) {
-      EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, 0), host::Result::ok);
+      EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, 0), Result::ok);
     }
     EXPECT_EQ(comm->reduce(d.in.data(), out.data(), c.count, c.dtype, c.op, kWorld),
-              host::Result::invalid_argument);
+              Result::invalid_argument);
     // Broadcast from rank 2: any bytes, an odd length (7 e4m3, padded to 8 on the wire), and
     // NaN patterns a float sum would not carry through.
     std::vector<std::uint8_t> b7(7), b1000(4000);
@@ -377,11 +379,11 @@ TEST(Communicator, ReduceBroadcastBarrier) {
     std::vector<std::uint8_t> want7(7), want1000(4000);
     for (std::size_t i = 0; i < 7; ++i) want7[i] = 0x7F + i;
     for (std::size_t i = 0; i < 4000; ++i) want1000[i] = (i * 37 + 0xFF) & 0xFF;
-    EXPECT_EQ(comm->broadcast(b7.data(), 7, DType::e4m3, 2), host::Result::ok);
+    EXPECT_EQ(comm->broadcast(b7.data(), 7, DType::e4m3, 2), Result::ok);
     EXPECT_EQ(b7, want7);
-    EXPECT_EQ(comm->broadcast(b1000.data(), 1000, DType::f32, 2), host::Result::ok);
+    EXPECT_EQ(comm->broadcast(b1000.data(), 1000, DType::f32, 2), Result::ok);
     EXPECT_EQ(b1000, want1000);
-    EXPECT_EQ(comm->barrier(), host::Result::ok);
+    EXPECT_EQ(comm->barrier(), Result::ok);
     EXPECT_EQ(comm->stats().fallback_ops, 0u);
   });
 }
@@ -390,28 +392,27 @@ TEST(Communicator, ZeroCountAndBadArguments) {
   FakeSwitch sw({.world = 1});
   auto comm = make(sw.options(0, "args", Path::network));
   ASSERT_NE(comm, nullptr);
-  EXPECT_EQ(comm->allreduce(nullptr, nullptr, 0, DType::f32, ReduceOp::sum), host::Result::ok);
+  EXPECT_EQ(comm->allreduce(nullptr, nullptr, 0, DType::f32, ReduceOp::sum), Result::ok);
   float x = 1;
-  EXPECT_EQ(comm->allreduce(&x, nullptr, 1, DType::f32, ReduceOp::sum),
-            host::Result::invalid_argument);
+  EXPECT_EQ(comm->allreduce(&x, nullptr, 1, DType::f32, ReduceOp::sum), Result::invalid_argument);
   EXPECT_NE(comm->last_error(), "");
   EXPECT_EQ(comm->allreduce(&x, &x, 1, static_cast<DType>(9), ReduceOp::sum),
-            host::Result::invalid_argument);
+            Result::invalid_argument);
   EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, static_cast<ReduceOp>(3)),
-            host::Result::invalid_argument);
+            Result::invalid_argument);
   EXPECT_EQ(comm->iallreduce(&x, &x, 1, DType::f32, ReduceOp::sum, nullptr),
-            host::Result::invalid_argument);
-  EXPECT_EQ(comm->test(12345), host::Result::invalid_argument);
-  EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), host::Result::ok);
+            Result::invalid_argument);
+  EXPECT_EQ(comm->test(12345), Result::invalid_argument);
+  EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), Result::ok);
   EXPECT_EQ(x, 1.0f);
   EXPECT_EQ(comm->last_error(), "");
 
-  host::Result r = host::Result::ok;
+  Result r = Result::ok;
   std::string error;
   Options bad = sw.options(0, "args", Path::network);
   bad.rank = 1;
   EXPECT_EQ(Communicator::create(bad, &r, &error), nullptr);
-  EXPECT_EQ(r, host::Result::invalid_argument);
+  EXPECT_EQ(r, Result::invalid_argument);
   EXPECT_NE(error, "");
 }
 
@@ -433,20 +434,20 @@ TEST(Communicator, RecoversFromLoss) {
 
 // --- Failures and fallback ----------------------------------------------------------------------
 
-// Path::network: a switch that dies mid-operation gives timeout within the bound, never a hang.
+// Path::network: a switch that dies mid-operation gives timeout once a chunk has used up its
+// retransmissions (the engine's bound, about 3.2 s; not the test's clock), never a hang.
 TEST(Communicator, DeadSwitchTimesOutOnNetworkPath) {
   constexpr std::uint32_t kWorld = 2;
   FakeSwitch sw({.world = kWorld, .die_after = 40});
   run_ranks(kWorld, [&](std::uint32_t rank) {
     auto comm = make(sw.options(rank, "dead-network", Path::network));
     ASSERT_NE(comm, nullptr);
-    const auto t0 = Clock::now();
-    EXPECT_TRUE(
-        run_case(*comm, {DType::f32, ReduceOp::sum, 20000, 0}, false, host::Result::timeout));
-    const auto s = std::chrono::duration<double>(Clock::now() - t0).count();
-    EXPECT_LT(s, 6.0) << "the bound is about 3.2 s after the switch's last answer";
+    EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 20000, 0}, false, Result::timeout));
     EXPECT_NE(comm->last_error().find("stopped answering"), std::string::npos)
         << comm->last_error();
+    EXPECT_NE(comm->last_error().find("after 30 retransmissions"), std::string::npos)
+        << comm->last_error();
+    EXPECT_GE(comm->stats().retransmits, 30u) << "the timeout came from the retransmission bound";
     EXPECT_EQ(comm->stats().fallback_ops, 0u);
   });
   EXPECT_TRUE(sw.dead());
@@ -522,91 +523,112 @@ TEST(Communicator, NotOffloadableFallsBackPerCall) {
   FakeSwitch sw2({.world = 1, .dtype_mask = 0x3F & ~(1u << 1)});
   auto comm = make(sw2.options(0, "mask-network", Path::network));
   ASSERT_NE(comm, nullptr);
-  EXPECT_TRUE(run_case(*comm, {DType::f16, ReduceOp::sum, 10, 0}, false, host::Result::refused));
+  EXPECT_TRUE(run_case(*comm, {DType::f16, ReduceOp::sum, 10, 0}, false, Result::refused));
   EXPECT_NE(comm->last_error().find("cannot reduce f16 sum"), std::string::npos);
   EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 10, 0}, false));
 }
 
-// TREEDUCE_PATH=host: every collective on the hosts, nothing sent to the switch.
-// TREEDUCE_TRANSPORT picks the transport; an unknown one, ibverbs with no RDMA device (this
-// machine has none), or a malformed TREEDUCE_UDP_* is a sentence on the network path, never a
-// crash and never a silent default.
-TEST(Communicator, TransportIsChosenByTheEnvironment) {
+// The options' transport: one this build lacks, ibverbs with no RDMA device (this machine has
+// none), or an out-of-range UDP setting is a sentence on the network path, never a crash and
+// never a silent default; a valid one runs. (The variables that fill TransportOptions are
+// test_environment.cpp's.)
+TEST(Communicator, TransportIsChosenByTheOptions) {
   FakeSwitch sw({.world = 1});
-  host::Result r = host::Result::ok;
+  Result r = Result::ok;
   std::string error;
-  setenv("TREEDUCE_TRANSPORT", "carrier-pigeon", 1);
-  EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr);
-  EXPECT_EQ(r, host::Result::unavailable);
-  EXPECT_NE(error.find("TREEDUCE_TRANSPORT is \"carrier-pigeon\"; this build knows udp"),
-            std::string::npos)
+  Options o = sw.options(0, "transport", Path::network);
+#ifndef TREEDUCE_TEST_VERBS
+  o.transport.kind = TransportKind::verbs;
+  EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
+  EXPECT_EQ(r, Result::unavailable);
+  EXPECT_NE(error.find("This build has no verbs transport; it knows udp"), std::string::npos)
       << error;
-#ifdef TREEDUCE_TEST_VERBS
-  setenv("TREEDUCE_TRANSPORT", "verbs", 1);
-  error.clear();
-  EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr);
-  EXPECT_NE(error.find("verbs transport could not start"), std::string::npos) << error;
+#else
+  o.transport.kind = TransportKind::verbs;
+  EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
+  EXPECT_EQ(r, Result::unavailable);
+  EXPECT_NE(error.find("The verbs transport could not start"), std::string::npos) << error;
 #endif
-  // The transport's own variables are checked too: a typo is a sentence, not another setting.
-  setenv("TREEDUCE_TRANSPORT", "udp", 1);
-  for (const auto& [name, value] :
-       {std::pair{"TREEDUCE_UDP_GSO", "yes"}, std::pair{"TREEDUCE_UDP_GRO", "2"},
-        std::pair{"TREEDUCE_UDP_SEND_PORTS", "0"}, std::pair{"TREEDUCE_UDP_SEND_PORTS", "65"},
-        std::pair{"TREEDUCE_UDP_SEND_PORTS", "4 "}}) {
-    setenv(name, value, 1);
+  o.transport.kind = TransportKind::udp;
+  for (const std::uint32_t ports : {0u, 65u}) {
+    o.transport.udp_send_ports = ports;
     error.clear();
-    EXPECT_EQ(Communicator::create(sw.options(0, "transport", Path::network), &r, &error), nullptr)
-        << name << "=" << value;
-    EXPECT_EQ(r, host::Result::unavailable);
-    EXPECT_NE(error.find(std::string(name) + " is '" + value + "', not a whole number from"),
-              std::string::npos)
-        << error;
-    unsetenv(name);
+    EXPECT_EQ(Communicator::create(o, &r, &error), nullptr) << ports << " send ports";
+    EXPECT_EQ(r, Result::unavailable);
+    EXPECT_NE(error.find("The udp transport could not start: "), std::string::npos) << error;
   }
-  setenv("TREEDUCE_UDP_SEND_PORTS", "4", 1);
-  setenv("TREEDUCE_UDP_GRO", "0", 1);
-  auto comm = make(sw.options(0, "transport", Path::network));
-  unsetenv("TREEDUCE_UDP_SEND_PORTS");
-  unsetenv("TREEDUCE_UDP_GRO");
-  unsetenv("TREEDUCE_TRANSPORT");
+  o.transport.udp_send_ports = 4;
+  o.transport.udp_gro = false;
+  auto comm = make(o);
   ASSERT_NE(comm, nullptr);
   float x = 2;
-  EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), host::Result::ok);
+  EXPECT_EQ(comm->allreduce(&x, &x, 1, DType::f32, ReduceOp::sum), Result::ok);
   EXPECT_EQ(x, 2.0f);
+  EXPECT_EQ(comm->stats().network_ops, 1u);
 }
 
-TEST(Communicator, EnvironmentForcesHostPath) {
+// Path::host: every collective on the hosts, nothing sent to the switch.
+TEST(Communicator, HostPathSendsNothingToTheSwitch) {
   constexpr std::uint32_t kWorld = 2;
   FakeSwitch sw({.world = kWorld});
   TempDir store;
-  setenv("TREEDUCE_PATH", "host", 1);
-  setenv("TREEDUCE_JOB", "forced-host", 1);
-  setenv("TREEDUCE_RANK", "0", 1);
-  setenv("TREEDUCE_WORLD_SIZE", "2", 1);
-  Options env;
-  std::string error;
-  const host::Result r = options_from_environment(&env, &error);
-  unsetenv("TREEDUCE_PATH");
-  unsetenv("TREEDUCE_JOB");
-  unsetenv("TREEDUCE_RANK");
-  unsetenv("TREEDUCE_WORLD_SIZE");
-  ASSERT_EQ(r, host::Result::ok) << error;
-  ASSERT_EQ(env.path, Path::host);
   run_ranks(kWorld, [&](std::uint32_t rank) {
-    Options o = sw.options(rank, env.job, env.path);
+    Options o = sw.options(rank, "forced-host", Path::host);
     o.fallback_store = store.path();
     auto comm = make(o);
     ASSERT_NE(comm, nullptr);
     EXPECT_EQ(comm->path(), Path::host);
+    EXPECT_EQ(comm->path_reason(), "host-side reduction was asked for (path = host)");
     EXPECT_FALSE(comm->offloads(DType::f32, ReduceOp::sum));
     EXPECT_TRUE(run_case(*comm, {DType::bf16, ReduceOp::sum, 3000, 0}, false));
     EXPECT_TRUE(run_case(*comm, {DType::i32, ReduceOp::max, 3, 0}, true));
-    EXPECT_EQ(comm->barrier(), host::Result::ok);
+    EXPECT_EQ(comm->barrier(), Result::ok);
     const Stats s = comm->stats();
     EXPECT_EQ(s.network_ops, 0u);
     EXPECT_EQ(s.fallback_ops, 3u);
+    EXPECT_EQ(s.fallback_reason, "") << "asked for, not a fallback";
   });
   EXPECT_EQ(sw.received(), 0u);
+}
+
+// A blocking allreduce started while non-blocking ones are queued waits its turn: operations
+// complete in start order on every rank (sizes differ per position, so a blocking call that
+// overtook a queued one would pair different operations across ranks and fail, or hang).
+TEST(Communicator, BlockingCallWaitsForQueuedOperations) {
+  constexpr std::uint32_t kWorld = 2, kQueued = 3;
+  FakeSwitch sw({.world = kWorld});
+  run_ranks(kWorld, [&](std::uint32_t rank) {
+    auto comm = make(sw.options(rank, "order", Path::network));
+    ASSERT_NE(comm, nullptr);
+    std::vector<exact::Case> cases;
+    std::vector<CaseData> data;
+    for (std::uint32_t i = 0; i <= kQueued; ++i) {
+      cases.push_back({DType::i32, ReduceOp::sum, 3000 + 1000 * i, i});
+      data.emplace_back(cases.back(), rank, kWorld);
+    }
+    std::vector<std::vector<std::uint8_t>> out(kQueued + 1);
+    std::vector<Request> req(kQueued);
+    for (std::uint32_t i = 0; i < kQueued; ++i) {
+      out[i].assign(data[i].in.size(), 0);
+      ASSERT_EQ(comm->iallreduce(data[i].in.data(), out[i].data(), cases[i].count, cases[i].dtype,
+                                 cases[i].op, &req[i]),
+                Result::ok);
+    }
+    out[kQueued].assign(data[kQueued].in.size(), 0);
+    EXPECT_EQ(comm->allreduce(data[kQueued].in.data(), out[kQueued].data(), cases[kQueued].count,
+                              cases[kQueued].dtype, cases[kQueued].op),
+              Result::ok)
+        << comm->last_error();
+    // The blocking call returned: everything started before it is done.
+    for (std::uint32_t i = 0; i < kQueued; ++i) {
+      EXPECT_EQ(comm->test(req[i]), Result::ok) << "operation " << i << ": " << comm->last_error();
+      EXPECT_EQ(out[i], data[i].want) << "operation " << i << " rank " << rank;
+    }
+    EXPECT_EQ(out[kQueued], data[kQueued].want);
+    // And after it, blocking calls run again (on the caller's thread, nothing being queued).
+    EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 1000, 9}, false));
+    EXPECT_EQ(comm->stats().network_ops, kQueued + 2);
+  });
 }
 
 // A switch that refuses (here: the ranks carry the wrong job key, so it NACKs bad_key): the
@@ -621,7 +643,7 @@ TEST(Communicator, SwitchRefusalFallsBack) {
     o.static_tree.key = kKey + 1;
     auto net = make(o);
     ASSERT_NE(net, nullptr);
-    EXPECT_TRUE(run_case(*net, {DType::i32, ReduceOp::sum, 100, 0}, false, host::Result::refused));
+    EXPECT_TRUE(run_case(*net, {DType::i32, ReduceOp::sum, 100, 0}, false, Result::refused));
     EXPECT_NE(net->last_error().find("NACK bad_key"), std::string::npos) << net->last_error();
     net.reset();
     o.path = Path::auto_select;
@@ -640,8 +662,8 @@ TEST(Communicator, SwitchRefusalFallsBack) {
       << err;
 }
 
-// A manager nobody answers at: network fails creation, auto falls back at creation; both within
-// the join timeout.
+// A manager nobody answers at: network fails creation, auto falls back at creation (the join
+// timeout ends the wait; a hang would be the test's timeout).
 TEST(Communicator, UnreachableManager) {
   constexpr std::uint32_t kWorld = 2;
   TempDir store;
@@ -652,13 +674,11 @@ TEST(Communicator, UnreachableManager) {
   o.host = "127.0.0.10";
   o.path = Path::network;
   o.join_timeout_ms = 2000;
-  host::Result r = host::Result::ok;
+  Result r = Result::ok;
   std::string error;
-  auto t0 = Clock::now();
   EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
-  EXPECT_EQ(r, host::Result::unavailable) << error;
+  EXPECT_EQ(r, Result::unavailable) << error;
   EXPECT_NE(error.find(manager), std::string::npos) << error;
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
 
   ::testing::internal::CaptureStderr();
   run_ranks(kWorld, [&](std::uint32_t rank) {
@@ -688,10 +708,10 @@ TEST(Communicator, NetworkPathWithoutTreeIsUnavailable) {
   Options o;
   o.job = "nothing";
   o.path = Path::network;
-  host::Result r = host::Result::ok;
+  Result r = Result::ok;
   std::string error;
   EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
-  EXPECT_EQ(r, host::Result::unavailable);
+  EXPECT_EQ(r, Result::unavailable);
   EXPECT_NE(error.find("no static tree"), std::string::npos) << error;
 }
 

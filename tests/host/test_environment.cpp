@@ -1,39 +1,47 @@
-// options_from_environment: treeduce's variables, torchrun's and Open MPI's, in that order, and a
-// sentence naming the variable for every bad value.
+// The launcher's environment as Options (host/src/environment.h): treeduce's variables,
+// torchrun's and Open MPI's, in that order, and a sentence naming the variable for every bad
+// value. The parser is given a map of variables; the process's environment is never changed.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <climits>
+#include <map>
 #include <string>
 
+#include "environment.h"
 #include "treeduce/host/communicator.h"
 
+using treeduce::Code;
 using treeduce::host::Options;
 using treeduce::host::options_from_environment;
+using treeduce::host::parse_environment;
+using treeduce::host::parse_number;
+using treeduce::host::parse_transport_environment;
 using treeduce::host::Path;
 using treeduce::host::Result;
+using treeduce::host::TransportKind;
+using treeduce::host::TransportOptions;
 
 namespace {
 
 struct Environment : ::testing::Test {
-  void SetUp() override {
-    for (const char* v :
-         {"TREEDUCE_MANAGER", "TREEDUCE_JOB", "TREEDUCE_RANK", "TREEDUCE_WORLD_SIZE",
-          "TREEDUCE_HOST", "TREEDUCE_BIND", "TREEDUCE_PORT", "TREEDUCE_PATH", "TREEDUCE_SLOTS",
-          "TREEDUCE_PAYLOAD_BYTES", "TREEDUCE_RTO_US", "TREEDUCE_FALLBACK_STORE",
-          "TREEDUCE_FALLBACK_ADDRESS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID",
-          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"})
-      unsetenv(v);
+  std::map<std::string, std::string> vars;
+  void set(const char* k, const char* v) { vars[k] = v; }
+  treeduce::host::EnvLookup lookup() const {
+    return [this](const char* n) -> const char* {
+      const auto it = vars.find(n);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
   }
-  static void set(const char* k, const char* v) { setenv(k, v, 1); }
+  treeduce::Status parse(Options* o) const { return parse_environment(lookup(), o); }
   // Parses and expects a failure whose sentence contains `needle`.
-  static void expect_error(const std::string& needle) {
+  void expect_error(const std::string& needle) const {
     Options o;
-    std::string err;
-    EXPECT_EQ(options_from_environment(&o, &err), Result::invalid_argument);
-    EXPECT_NE(err.find(needle), std::string::npos) << err;
-    EXPECT_EQ(err.back(), '.') << err;
+    const treeduce::Status s = parse(&o);
+    EXPECT_EQ(s.code(), Code::invalid_argument) << s.to_string();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+    ASSERT_FALSE(s.message().empty());
+    EXPECT_EQ(s.message().back(), '.') << s.message();
   }
 };
 
@@ -54,9 +62,8 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   set("TREEDUCE_PAYLOAD_BYTES", "8192");
   set("TREEDUCE_RTO_US", "10000");
   Options o;
-  std::string err = "stale";
-  ASSERT_EQ(options_from_environment(&o, &err), Result::ok) << err;
-  EXPECT_EQ(err, "");
+  const treeduce::Status s = parse(&o);
+  ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(o.manager, "10.0.0.9:9300");
   EXPECT_EQ(o.job, "train-7");
   EXPECT_EQ(o.rank, 3u);
@@ -78,14 +85,13 @@ TEST_F(Environment, TorchrunGivesRankWorldAndJobAndTreeduceOverrides) {
   set("LOCAL_RANK", "1");
   set("TORCHELASTIC_RUN_ID", "abc123");
   Options o;
-  std::string err;
-  ASSERT_EQ(options_from_environment(&o, &err), Result::ok) << err;
+  ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.rank, 1u);
   EXPECT_EQ(o.world_size, 4u);
   EXPECT_EQ(o.job, "abc123");
   set("TREEDUCE_RANK", "2");
   set("TREEDUCE_JOB", "mine");
-  ASSERT_EQ(options_from_environment(&o, &err), Result::ok) << err;
+  ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.rank, 2u);
   EXPECT_EQ(o.world_size, 4u);
   EXPECT_EQ(o.job, "mine");
@@ -96,12 +102,11 @@ TEST_F(Environment, OpenMpiGivesRankAndWorld) {
   set("OMPI_COMM_WORLD_SIZE", "6");
   set("TREEDUCE_JOB", "mpi");
   Options o;
-  std::string err;
-  ASSERT_EQ(options_from_environment(&o, &err), Result::ok) << err;
+  ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.rank, 5u);
   EXPECT_EQ(o.world_size, 6u);
   set("WORLD_SIZE", "7");  // torchrun's comes before Open MPI's
-  ASSERT_EQ(options_from_environment(&o, &err), Result::ok) << err;
+  ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.world_size, 7u);
 }
 
@@ -114,8 +119,7 @@ TEST_F(Environment, DefaultsHostNameAndKeepsTheCallersOtherFields) {
   Options o;
   o.slots = 64;
   o.manager = "preset:1";
-  std::string err;
-  ASSERT_EQ(options_from_environment(&o, &err), Result::ok) << err;
+  ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.host, name);
   EXPECT_EQ(o.slots, 64u);
   EXPECT_EQ(o.manager, "preset:1");
@@ -171,8 +175,7 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   expect_error("TREEDUCE_RTO_US is '5ms', not a whole number from 0 to 128000.");
   set("TREEDUCE_RTO_US", "5000");
   Options o;
-  std::string err;
-  ASSERT_EQ(options_from_environment(&o, &err), Result::ok) << err;
+  ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.path, Path::host);
   EXPECT_EQ(o.port, 50000);
   EXPECT_EQ(o.slots, 32u);
@@ -187,8 +190,100 @@ TEST_F(Environment, AFailureLeavesTheOptionsUntouched) {
   set("TREEDUCE_PATH", "nope");
   Options o;
   o.job = "before";
-  std::string err;
-  EXPECT_EQ(options_from_environment(&o, &err), Result::invalid_argument);
+  EXPECT_EQ(parse(&o).code(), Code::invalid_argument);
   EXPECT_EQ(o.job, "before");
   EXPECT_EQ(o.world_size, 1u);
+  set("TREEDUCE_PATH", "host");
+  set("TREEDUCE_UDP_GSO", "on");
+  EXPECT_EQ(parse(&o).code(), Code::invalid_argument);
+  EXPECT_EQ(o.job, "before");
+  EXPECT_EQ(o.transport.udp_gso, false);
+}
+
+// The transport's variables: every field, the defaults, and a sentence for every bad value (a
+// typo must not quietly run another configuration than the one asked for).
+TEST_F(Environment, TransportVariablesFillTransportOptions) {
+  set("TREEDUCE_JOB", "j");
+  set("TREEDUCE_RANK", "0");
+  set("TREEDUCE_WORLD_SIZE", "1");
+  Options o;
+  ASSERT_TRUE(parse(&o).ok());
+  EXPECT_EQ(o.transport.kind, TransportKind::udp);
+  EXPECT_EQ(o.transport.udp_send_ports, 1u);
+  EXPECT_FALSE(o.transport.udp_gso);
+  EXPECT_TRUE(o.transport.udp_gro);
+  EXPECT_EQ(o.transport.verbs_port, 1);
+  set("TREEDUCE_TRANSPORT", "dpdk");
+  set("TREEDUCE_UDP_SEND_PORTS", "4");
+  set("TREEDUCE_UDP_GSO", "1");
+  set("TREEDUCE_UDP_GRO", "0");
+  set("TREEDUCE_DPDK_PORT", "net_memif0");
+  set("TREEDUCE_DPDK_EAL", "--no-huge -m 128");
+  set("TREEDUCE_VERBS_DEVICE", "mlx5_0");
+  set("TREEDUCE_VERBS_PORT", "2");
+  set("TREEDUCE_LOCAL_MAC", "02:00:00:00:00:01");
+  set("TREEDUCE_LEAF_MAC", "02:00:00:00:00:02");
+  ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
+  EXPECT_EQ(o.transport.kind, TransportKind::dpdk);
+  EXPECT_EQ(o.transport.udp_send_ports, 4u);
+  EXPECT_TRUE(o.transport.udp_gso);
+  EXPECT_FALSE(o.transport.udp_gro);
+  EXPECT_EQ(o.transport.dpdk_port, "net_memif0");
+  EXPECT_EQ(o.transport.dpdk_eal, "--no-huge -m 128");
+  EXPECT_EQ(o.transport.verbs_device, "mlx5_0");
+  EXPECT_EQ(o.transport.verbs_port, 2);
+  EXPECT_EQ(o.transport.local_mac, "02:00:00:00:00:01");
+  EXPECT_EQ(o.transport.leaf_mac, "02:00:00:00:00:02");
+  set("TREEDUCE_TRANSPORT", "verbs");
+  ASSERT_TRUE(parse(&o).ok());
+  EXPECT_EQ(o.transport.kind, TransportKind::verbs);
+
+  set("TREEDUCE_TRANSPORT", "carrier-pigeon");
+  expect_error("TREEDUCE_TRANSPORT is 'carrier-pigeon'; it must be udp, dpdk or verbs.");
+  set("TREEDUCE_TRANSPORT", "udp");
+  for (const auto& [name, value] :
+       {std::pair{"TREEDUCE_UDP_GSO", "yes"}, std::pair{"TREEDUCE_UDP_GRO", "2"},
+        std::pair{"TREEDUCE_UDP_SEND_PORTS", "0"}, std::pair{"TREEDUCE_UDP_SEND_PORTS", "65"},
+        std::pair{"TREEDUCE_UDP_SEND_PORTS", "4 "}, std::pair{"TREEDUCE_VERBS_PORT", "0"},
+        std::pair{"TREEDUCE_VERBS_PORT", "256"}}) {
+    const std::string before = vars[name];
+    set(name, value);
+    expect_error(std::string(name) + " is '" + value + "', not a whole number from ");
+    set(name, before.c_str());
+  }
+
+  // tdr_comm_create()'s part: only the transport's variables, the rest untouched.
+  TransportOptions t;
+  set("TREEDUCE_UDP_SEND_PORTS", "8");
+  ASSERT_TRUE(parse_transport_environment(lookup(), &t).ok());
+  EXPECT_EQ(t.udp_send_ports, 8u);
+  EXPECT_FALSE(t.udp_gro);  // TREEDUCE_UDP_GRO=0 from above
+  set("TREEDUCE_UDP_SEND_PORTS", "2");
+  set("TREEDUCE_UDP_GRO", "x");
+  EXPECT_EQ(parse_transport_environment(lookup(), &t).code(), Code::invalid_argument);
+  EXPECT_EQ(t.udp_send_ports, 8u) << "a failure leaves the options untouched";
+}
+
+// The one number parser every variable goes through.
+TEST_F(Environment, NumbersAreWholeAndInRange) {
+  std::uint64_t x = 7;
+  EXPECT_TRUE(parse_number("V", "0", 0, 1, &x).ok());
+  EXPECT_EQ(x, 0u);
+  EXPECT_TRUE(parse_number("V", "18446744073709551615", 0, UINT64_MAX, &x).ok());
+  EXPECT_EQ(x, UINT64_MAX);
+  for (const char* bad : {"", "-1", "+1", " 1", "1 ", "0x10", "1e3", "18446744073709551616"}) {
+    const treeduce::Status s = parse_number("V", bad, 0, UINT64_MAX, &x);
+    EXPECT_EQ(s.code(), Code::invalid_argument) << "'" << bad << "'";
+  }
+  EXPECT_EQ(parse_number("TREEDUCE_X", "5", 6, 9, &x).message(),
+            "TREEDUCE_X is '5', not a whole number from 6 to 9.");
+  EXPECT_EQ(x, UINT64_MAX);
+}
+
+// The public entry point reads the process's environment through the same parser; its edge
+// maps the Status to a Result and the sentence.
+TEST(EnvironmentEdge, OptionsFromEnvironmentMapsTheStatus) {
+  std::string err;
+  EXPECT_EQ(options_from_environment(nullptr, &err), Result::invalid_argument);
+  EXPECT_EQ(err, "options_from_environment needs an Options to fill.");
 }

@@ -51,7 +51,32 @@ struct TreeAssignment {
   std::uint64_t lease_ms = 0;  ///< heartbeat at least this often (0: no manager)
 };
 
-/// How a communicator is made. from_environment() fills it from the launcher's variables.
+/// Which transport carries the network path's packets (docs/host.md, "Transports"). dpdk and
+/// verbs are in builds that found DPDK and rdma-core; asking a build for one it lacks is an error
+/// on the network path (a fallback on the auto path).
+enum class TransportKind : int {
+  udp = 0,    ///< kernel UDP sockets (the default)
+  dpdk = 1,   ///< one DPDK ethdev port
+  verbs = 2,  ///< an ibverbs raw-packet QP
+};
+
+/// The transport and its tuning (TREEDUCE_TRANSPORT, TREEDUCE_UDP_*, TREEDUCE_DPDK_*,
+/// TREEDUCE_VERBS_*, TREEDUCE_LOCAL_MAC, TREEDUCE_LEAF_MAC in options_from_environment()).
+struct TransportOptions {
+  TransportKind kind = TransportKind::udp;
+  std::uint32_t udp_send_ports = 1;  ///< udp: source ports slots are spread over, 1..64
+  bool udp_gso = false;              ///< udp: send same-size packets as GSO super-datagrams
+  bool udp_gro = true;               ///< udp: let the kernel coalesce received datagrams
+  std::string dpdk_port;             ///< dpdk: the ethdev name the EAL probed
+  std::string dpdk_eal;              ///< dpdk: EAL arguments; "" = the process started the EAL
+  std::string verbs_device;          ///< verbs: RDMA device; "" = the first one
+  std::uint8_t verbs_port = 1;       ///< verbs: device port, 1-based
+  std::string local_mac;             ///< dpdk, verbs: our MAC ("aa:bb:cc:dd:ee:ff")
+  std::string leaf_mac;              ///< dpdk, verbs: the leaf switch's MAC (no ARP)
+};
+
+/// How a communicator is made. options_from_environment() fills it from the launcher's
+/// variables; nothing else in the library reads the environment.
 struct Options {
   std::string job;         ///< job name, the same on every rank
   std::uint32_t rank = 0;  ///< 0 .. world_size-1
@@ -79,14 +104,18 @@ struct Options {
   /// A tree given directly (tests, static trees): no manager. Used when `manager` is empty and
   /// `static_tree.leaf_address` is not.
   TreeAssignment static_tree;
+  /// The network path's transport.
+  TransportOptions transport;
 };
 
 /// Reads TREEDUCE_MANAGER, TREEDUCE_JOB, TREEDUCE_RANK, TREEDUCE_WORLD_SIZE, TREEDUCE_HOST,
 /// TREEDUCE_BIND (bind_address), TREEDUCE_PORT, TREEDUCE_SLOTS, TREEDUCE_PAYLOAD_BYTES,
 /// TREEDUCE_RTO_US, TREEDUCE_PATH (auto|network|host),
-/// TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, and the launchers'
-/// RANK/WORLD_SIZE (torchrun) and OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI) when
-/// treeduce's own are not set. Returns invalid_argument with the variable named in `*error`.
+/// TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, the transport's variables
+/// (TransportOptions), and the launchers' RANK/WORLD_SIZE (torchrun) and
+/// OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI) when treeduce's own are not set. Returns
+/// invalid_argument with the variable named in
+/// `*error`.
 Result options_from_environment(Options* out, std::string* error);
 
 /// Why the last collective (or creation) went the way it did, and what is counted.

@@ -1,0 +1,32 @@
+// The launcher's environment as a communicator's Options: the only place the host library reads
+// variables (environment.cpp). The parser takes a lookup function, so that tests give it a map of
+// variables instead of changing the process's environment.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+#include "treeduce/common/status.h"
+#include "treeduce/host/communicator.h"
+
+namespace treeduce::host {
+
+/// The value of a variable, or nullptr when it is not set (std::getenv's contract).
+using EnvLookup = std::function<const char*(const char*)>;
+
+/// Fills `*out` from the variables `env` gives (communicator.h, options_from_environment()).
+/// Fields no variable names keep their value; on an error `*out` is unchanged and the Status
+/// (invalid_argument) names the variable.
+treeduce::Status parse_environment(const EnvLookup& env, Options* out);
+
+/// Only the transport's variables (TREEDUCE_TRANSPORT, TREEDUCE_UDP_*, ...) into `*out`: for
+/// tdr_comm_create(), whose C options have no transport fields.
+treeduce::Status parse_transport_environment(const EnvLookup& env, TransportOptions* out);
+
+/// A decimal number from `min` to `max` and nothing else (no sign, spaces or suffix) in the
+/// variable `name`; else invalid_argument: "NAME is 'v', not a whole number from MIN to MAX.".
+treeduce::Status parse_number(std::string_view name, std::string_view value, std::uint64_t min,
+                              std::uint64_t max, std::uint64_t* out);
+
+}  // namespace treeduce::host

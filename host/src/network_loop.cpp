@@ -1,0 +1,94 @@
+// NetworkLoop (network_loop.h): poll the engine, send what it wants sent, receive until its next
+// deadline, hand every datagram to it; then say how the operation ended.
+#include "network_loop.h"
+
+#include <ctime>
+
+namespace treeduce::host {
+
+namespace {
+
+std::uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+Obstacle failure(Code code, std::string why) { return Obstacle{code, std::move(why)}; }
+
+}  // namespace
+
+NetworkLoop::NetworkLoop(std::unique_ptr<Transport> transport, const EngineConfig& engine,
+                         std::string leaf_address, std::uint32_t op_timeout_ms,
+                         const std::atomic<bool>& stop)
+    : transport_(std::move(transport)),
+      engine_(engine),
+      leaf_address_(std::move(leaf_address)),
+      op_timeout_ms_(op_timeout_ms),
+      stop_(stop) {}
+
+std::optional<Obstacle> NetworkLoop::run(const Operation& o) {
+  if (engine_.start(o.send, o.recv, o.count, o.dtype, o.op) != Status::running) {
+    return failure(Code::internal, "the protocol engine refused to start the operation");
+  }
+  const std::uint64_t deadline = now_ns() + std::uint64_t{op_timeout_ms_} * 1'000'000u;
+  const std::size_t cap = std::min(out_.size(), transport_->batch());
+  std::string io;
+  std::optional<Obstacle> abandoned;
+  while (engine_.status() == Status::running) {
+    const std::uint64_t t = now_ns();
+    if (stop_.load()) {
+      abandoned = failure(Code::cancelled, "the communicator was destroyed during the operation");
+      break;
+    }
+    if (t >= deadline) {
+      abandoned = failure(Code::deadline_exceeded,
+                          "the in-network allreduce did not finish within " +
+                              std::to_string(op_timeout_ms_) + " ms (op_timeout_ms)");
+      break;
+    }
+    const std::size_t n = engine_.poll(t, out_.data(), cap);
+    if (n != 0) io = transport_->send(out_.data(), n);
+    if (!io.empty() || engine_.status() != Status::running) break;
+    const std::uint64_t until = std::min(engine_.next_deadline(), deadline);
+    const std::uint64_t t2 = now_ns();
+    const auto rx = transport_->receive(until > t2 ? until - t2 : 0, &io);
+    if (!io.empty()) break;
+    for (const RxDatagram& d : rx) {
+      if (d.len < sizeof(proto::TdHdr)) continue;
+      engine_.on_packet(proto::load_header<proto::TdHdr>(d.data), d.data + sizeof(proto::TdHdr),
+                        d.len - sizeof(proto::TdHdr));
+    }
+  }
+  if (!io.empty()) {
+    abandoned = failure(Code::unavailable, "the UDP transport failed: " + as_phrase(io));
+  }
+  if (abandoned) {
+    // The engine has no way to abandon a collective, and the ranks may disagree on how far the
+    // stream got: this communicator's network path is over.
+    broken_ = engine_.status() == Status::running;
+    return abandoned;
+  }
+  switch (engine_.status()) {
+    case Status::done:
+      return std::nullopt;
+    case Status::timeout:
+      return failure(Code::deadline_exceeded,
+                     "the network stopped answering (leaf switch " + leaf_address_ +
+                         " or a switch above it: a chunk got no result after " +
+                         std::to_string(kMaxRetries) + " retransmissions, about 3.2 s)");
+    case Status::refused:
+      return failure(Code::failed_precondition,
+                     "a switch refused the operation (NACK " +
+                         std::string(proto::name(engine_.nack_reason())) + ")");
+    case Status::bad_result:
+      return failure(Code::aborted,
+                     "a result from the network failed its checks (wrong length, type or number "
+                     "of contributions)");
+    default:
+      return failure(Code::internal, "the protocol engine stopped in an unexpected state");
+  }
+}
+
+}  // namespace treeduce::host

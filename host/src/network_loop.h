@@ -1,0 +1,53 @@
+// The network loop: one operation on the in-network path. It drives the protocol engine
+// (protocol_engine.h) with a transport (transport.h) until the engine is done or gives up, the
+// operation's time runs out, or the communicator goes away.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "path_policy.h"
+#include "request_queue.h"
+#include "transport.h"
+#include "treeduce/host/protocol_engine.h"
+
+namespace treeduce::host {
+
+/// A chunk that gets no answer is sent 1 + kMaxRetries times (docs/host.md, "Failures").
+inline constexpr std::uint32_t kMaxRetries = 30;
+
+class NetworkLoop {
+ public:
+  /// `leaf_address` names the leaf in sentences; `stop` is read during an operation.
+  NetworkLoop(std::unique_ptr<Transport> transport, const EngineConfig& engine,
+              std::string leaf_address, std::uint32_t op_timeout_ms, const std::atomic<bool>& stop);
+
+  /// Runs `o` in the network: nullopt when its result is in o.recv, else why not (a phrase and
+  /// a code; the path policy decides what follows).
+  std::optional<Obstacle> run(const Operation& o);
+
+  /// The loop cannot run another operation: one was abandoned midway (the engine cannot abandon
+  /// a collective, and the ranks may disagree on how far the stream got).
+  bool broken() const noexcept { return broken_; }
+  void set_broken() noexcept { broken_ = broken_ || engine_.status() == Status::running; }
+  std::uint64_t retransmits() const noexcept { return engine_.stats().retransmits; }
+  /// Makes a receive() blocked in run() return (any thread).
+  void wake() noexcept { transport_->wake(); }
+
+ private:
+  static constexpr std::size_t kMaxBatch = 64;
+
+  std::unique_ptr<Transport> transport_;
+  ProtocolEngine engine_;
+  const std::string leaf_address_;
+  const std::uint32_t op_timeout_ms_;
+  const std::atomic<bool>& stop_;
+  bool broken_ = false;
+  std::array<OutPacket, kMaxBatch> out_{};
+};
+
+}  // namespace treeduce::host
