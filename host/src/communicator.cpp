@@ -22,6 +22,7 @@
 #include "request_queue.h"
 #include "transport.h"
 #include "treeduce/host/protocol_engine.h"
+#include "treeduce/protocol/tree.h"
 
 namespace treeduce::host {
 
@@ -259,16 +260,17 @@ class CommunicatorImpl final : public Communicator {
   // Sets up the in-network path for tree_: nullopt, or why it cannot.
   std::optional<Obstacle> open_network() {
     const TreeAssignment& t = tree_;
-    if (t.slots == 0 || (t.slots & (t.slots - 1)) != 0 ||
-        !proto::valid_payload_bytes(t.payload_bytes)) {
-      return Obstacle{Code::invalid_argument, "the tree's window (" + std::to_string(t.slots) +
-                                                  " slots) or payload size (" +
-                                                  std::to_string(t.payload_bytes) +
-                                                  " bytes) is not a power of two in range"};
+    // The protocol's rules (protocol/tree.h), as every switch of the tree applies them.
+    auto bad = proto::check_slots(t.slots);
+    if (!bad) bad = proto::check_payload_bytes(t.payload_bytes);
+    if (bad) {
+      bad->pop_back();  // a phrase here: no full stop
+      return Obstacle{Code::invalid_argument, "the tree given to this rank is not valid: " + *bad};
     }
-    if (opt_.world_size > 0xFFFF) {
-      return Obstacle{Code::invalid_argument,
-                      "a tree holds at most 65535 ranks, not " + std::to_string(opt_.world_size)};
+    if (opt_.world_size > proto::kMaxTreeHosts) {
+      return Obstacle{Code::invalid_argument, "a tree holds at most " +
+                                                  std::to_string(proto::kMaxTreeHosts) +
+                                                  " ranks, not " + std::to_string(opt_.world_size)};
     }
     TransportEndpoints at;
     at.bind_address = !opt_.bind_address.empty() ? opt_.bind_address

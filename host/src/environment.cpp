@@ -20,7 +20,7 @@
 
 #include "environment.h"
 #include "errors.h"
-#include "treeduce/protocol/wire.h"
+#include "treeduce/protocol/tree.h"
 
 namespace treeduce::host {
 namespace {
@@ -181,7 +181,7 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
   if (const Var v = first_of({"TREEDUCE_SLOTS"}); v.name) {
     std::uint64_t slots = 0;
     if (auto s = number(v, 0, 4096, &slots); !s.ok()) return s;
-    if (slots == 0 || (slots & (slots - 1)) != 0)
+    if (proto::check_slots(slots))
       return invalid_argument("TREEDUCE_SLOTS is " + v.value +
                               "; it must be a power of two from 1 to 4096.");
     o.slots = std::uint32_t(slots);
@@ -189,7 +189,7 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
   if (const Var v = first_of({"TREEDUCE_PAYLOAD_BYTES"}); v.name) {
     std::uint64_t bytes = 0;
     if (auto s = number(v, 0, 8192, &bytes); !s.ok()) return s;
-    if (!proto::valid_payload_bytes(bytes))
+    if (proto::check_payload_bytes(bytes))
       return invalid_argument("TREEDUCE_PAYLOAD_BYTES is " + v.value +
                               "; it must be a power of two from 256 to 8192.");
     o.payload_bytes = std::uint32_t(bytes);
