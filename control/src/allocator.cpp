@@ -255,7 +255,7 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
     return invalid_argument("Job '" + req.job + "': " + *bad);
   if (auto bad = proto::check_payload_bytes(req.payload_bytes))
     return invalid_argument("Job '" + req.job + "': " + *bad);
-  if (req.dtype_mask >= 1u << 6 || req.op_mask >= 1u << 3)
+  if (req.dtype_mask > proto::kAllDTypesMask || req.op_mask > proto::kAllOpsMask)
     return invalid_argument("The job asks for an element type or operation that does not exist.");
 
   Ctx c;

@@ -7,6 +7,8 @@
 #include <iostream>
 #include <random>
 
+#include "treeduce/protocol/tree.h"
+
 namespace treeduce::ctl {
 
 namespace {
@@ -76,14 +78,11 @@ Status JobRegistry::validate(const JoinArgs& a, std::uint32_t* host) const {
   if (a.rank >= a.world)
     return invalid_argument("Rank " + std::to_string(a.rank) + " does not exist in job '" + a.job +
                             "' of world size " + std::to_string(a.world) + ".");
-  auto pow2 = [](std::uint32_t v) { return v && !(v & (v - 1)); };
-  if (!pow2(a.slots) || a.slots > 4096)
-    return invalid_argument("A window of " + std::to_string(a.slots) +
-                            " slots is not a power of two from 1 to 4096.");
-  if (!pow2(a.payload_bytes) || a.payload_bytes < 256 || a.payload_bytes > 8192)
-    return invalid_argument("A payload of " + std::to_string(a.payload_bytes) +
-                            " bytes is not a power of two from 256 to 8192.");
-  if (a.dtype_mask > 0x3F || a.op_mask > 0x07)
+  if (auto bad = proto::check_slots(a.slots))
+    return invalid_argument("Job '" + a.job + "': " + *bad);
+  if (auto bad = proto::check_payload_bytes(a.payload_bytes))
+    return invalid_argument("Job '" + a.job + "': " + *bad);
+  if (a.dtype_mask > proto::kAllDTypesMask || a.op_mask > proto::kAllOpsMask)
     return invalid_argument("The job asks for an element type or operation that does not exist.");
   if (a.port == 0)
     return invalid_argument("Rank " + std::to_string(a.rank) + " gave no UDP port for results.");

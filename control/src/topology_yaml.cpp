@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "treeduce/control/topology.h"
+#include "treeduce/protocol/tree.h"
 
 namespace treeduce::ctl {
 
@@ -103,14 +104,15 @@ Topology parse(const YAML::Node& root) {
       if (p["max_slots"])
         rp.max_slots = std::uint32_t(num(p["max_slots"], w + "max_slots", 1u << 30));
       if (p["max_payload_bytes"]) {
-        rp.max_payload_bytes =
-            std::uint32_t(num(p["max_payload_bytes"], w + "max_payload_bytes", 8192));
-        if (rp.max_payload_bytes < 256 || (rp.max_payload_bytes & (rp.max_payload_bytes - 1)))
+        rp.max_payload_bytes = std::uint32_t(
+            num(p["max_payload_bytes"], w + "max_payload_bytes", proto::kMaxPayloadBytes));
+        if (proto::check_payload_bytes(rp.max_payload_bytes))
           fail(p["max_payload_bytes"], w + "max_payload_bytes must be a power of two, 256..8192.");
       }
       if (p["memory_bytes"]) rp.memory_bytes = num(p["memory_bytes"], w + "memory_bytes", ~0ull);
       if (p["max_children"]) {
-        rp.max_children = std::uint32_t(num(p["max_children"], w + "max_children", 64));
+        rp.max_children =
+            std::uint32_t(num(p["max_children"], w + "max_children", proto::kMaxChildren));
         if (rp.max_children < 1) fail(p["max_children"], w + "max_children must be 1..64.");
       }
       if (p["deterministic"]) rp.deterministic = p["deterministic"].as<bool>();
