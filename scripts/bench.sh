@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The benchmark report: installs what is missing, builds (release), then
 #   1. records the machine (date, commit, kernel, CPU, memory, DPDK, Open MPI and Gloo versions);
-#   2. runs the allreduce comparison on the emulated fabric (bench/treeduce-fabric: 4 host ranks,
-#      treeduce-perf with --compare gloo,mpi), rank 0's output in OUT/allreduce.txt, one JSON
-#      object per (size, type, op) in OUT/allreduce.jsonl;
+#   2. runs the allreduce comparison on the emulated fabric (lab/tools/treeduce-fabric: 4 host
+#      ranks, treeduce-perf with --compare gloo,mpi), rank 0's output in OUT/allreduce.txt, one
+#      JSON object per (size, type, op) in OUT/allreduce.jsonl;
 #   3. runs the switch daemon benchmark (bench/treeduce-bench-switchd --json: Mpps per lcore next
 #      to dpdk-testpmd, lcores per 100G/400G port) into OUT/switchd.json;
 #   4. plots the comparison with gnuplot (bench/plot_allreduce.gp) and writes OUT/report.md: the
@@ -439,8 +439,9 @@ if [ "$build" -eq 1 ]; then
   if [ ! -f "$builddir/build.ninja" ]; then
     meson setup "$builddir" -Dbuildtype=release -Dtests=true -Dbenchmarks=true >/dev/null
   fi
-  ninja -C "$builddir" bench/treeduce-fabric host/treeduce-perf dataplane/switchd/treeduce-switch \
-    control/treeduce-manager bench/treeduce-bench-switchd >/dev/null
+  ninja -C "$builddir" lab/tools/treeduce-fabric host/treeduce-perf \
+    dataplane/switchd/treeduce-switch control/treeduce-manager bench/treeduce-bench-switchd \
+    >/dev/null
 fi
 
 # OUT afresh: only a directory this script made (it has the marker) is replaced.
@@ -504,7 +505,7 @@ fi
 # Made here, so that it stays ours when the fabric (root) truncates and writes it.
 : >"$out/allreduce.jsonl"
 baselines=gloo,mpi
-fabric=("$builddir/bench/treeduce-fabric" --compare "$baselines" --topology "$topology"
+fabric=("$builddir/lab/tools/treeduce-fabric" --compare "$baselines" --topology "$topology"
   --hosts "$hosts" --mtu 8300 --payload 8192 --slots 64 --rto-us 10000
   --json-out "$out/allreduce.jsonl" -- "${perf_args[@]}")
 echo "== allreduce: ${fabric[*]}" >&2

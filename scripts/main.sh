@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and runs bench/treeduce-fabric: a manager, three
-# treeduce-switch processes in a 2-level tree and four host ranks in their own network namespaces
-# run a verified allreduce sweep (treeduce-perf on libtreeduce), print the table as it goes, and
-# are torn down on success, failure or Ctrl-C. Arguments go to treeduce-fabric:
+# The main job: installs what is missing, builds, and runs lab/tools/treeduce-fabric: a manager,
+# three treeduce-switch processes in a 2-level tree and four host ranks in their own network
+# namespaces run a verified allreduce sweep (treeduce-perf on libtreeduce), print the table as it
+# goes, and are torn down on success, failure or Ctrl-C. Arguments go to treeduce-fabric:
 #   scripts/main.sh [--loss 0.02] [--keep-logs] [-- treeduce-perf arguments]
 # (The aggregation kernel benchmark: build/bench/treeduce-bench-kernels.)
 set -euo pipefail
@@ -11,11 +11,11 @@ cd "$(dirname "$0")/.."
 treeduce_install_deps
 
 [ -f build/build.ninja ] || meson setup build >/dev/null
-ninja -C build bench/treeduce-fabric host/treeduce-perf dataplane/switchd/treeduce-switch \
+ninja -C build lab/tools/treeduce-fabric host/treeduce-perf dataplane/switchd/treeduce-switch \
   control/treeduce-manager >/dev/null
 
 # Network namespaces and veth pairs need root.
 if [ "$(id -u)" -ne 0 ]; then
-  exec sudo ./build/bench/treeduce-fabric "$@"
+  exec sudo ./build/lab/tools/treeduce-fabric "$@"
 fi
-exec ./build/bench/treeduce-fabric "$@"
+exec ./build/lab/tools/treeduce-fabric "$@"

@@ -5,7 +5,7 @@
 // as NCCL and MPI users do, so that the bytes moved are the same as treeduce's. Where the
 // element reduction is ours (every Gloo reduction, and MPI's user-defined ops) it is the
 // aggregation library's SIMD kernels: each step widens both operands to binary32, combines them
-// and narrows the result. On the exact inputs of tests/tools/exact_inputs.h every partial result
+// and narrows the result. On the exact inputs of treeduce/lab/exact_inputs.h every partial result
 // is representable, so rounding at each step gives the same bits as the switch's single rounding,
 // and every result is checked element by element like treeduce's.
 #pragma once

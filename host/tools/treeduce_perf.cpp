@@ -6,7 +6,7 @@
 //   size, count, type, op, time, algbw, busbw, path, wrong
 // or with --compare, treeduce's time, algbw and path, then each baseline's time, algbw and
 // speed-up, then the wrong elements of all of them.
-// Inputs are exactly checkable (tests/tools/exact_inputs.h): every rank checks every backend's
+// Inputs are exactly checkable (treeduce/lab/exact_inputs.h): every rank checks every backend's
 // result element by element, and the wrong counts of all ranks are summed with one more
 // allreduce.
 #include <arpa/inet.h>
@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "exact_inputs.h"
 #include "perf_baselines.h"
 #include "treeduce/host/communicator.h"
+#include "treeduce/lab/exact_inputs.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // threads of this process, each a Communicator with a static tree whose leaf is a FakeSwitch (a
 // dp::Core behind a UDP socket on 127.0.0.1). Each rank binds its own 127.0.0.x address because
 // the core checks a CONTRIB's source address. Results are checked bit for bit against expected
-// values that are exact whatever the arrival order (tests/tools/README.md, "Inputs and why the
+// values that are exact whatever the arrival order (lab/README.md, "Inputs and why the
 // expected results are exact"). The fallback cases run the real host-side reduction (Gloo).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -23,9 +23,9 @@
 #include <thread>
 #include <vector>
 
-#include "../tools/exact_inputs.h"
 #include "treeduce/dataplane/core.h"
 #include "treeduce/host/communicator.h"
+#include "treeduce/lab/exact_inputs.h"
 #include "udp_transport.h"
 
 using namespace treeduce;

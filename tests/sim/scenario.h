@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "fabric.h"
+#include "sim_fabric.h"
 #include "treeduce/aggregation/convert.h"
 
 namespace treeduce::sim {

@@ -25,10 +25,10 @@
 #include <sstream>
 #include <thread>
 
-#include "fabric.h"
 #include "manager.grpc.pb.h"
+#include "treeduce/lab/emulated_fabric.h"
 
-namespace treeduce::testing {
+namespace treeduce::lab {
 namespace {
 
 namespace pb = treeduce::control::v1;
@@ -70,7 +70,7 @@ std::uint64_t counter(const std::map<std::string, std::uint64_t>& m, const std::
   return 0;
 }
 
-/// The fabric of tests/tools/fabric.h plus what a test does with it: four treeduce-refhost ranks.
+/// The lab's emulated fabric plus what a test does with it: four treeduce-refhost ranks.
 class TestFabric {
  public:
   explicit TestFabric(const Options& o) : opt_(o), lab_("f"), fab_(lab_, with_manager(o)) {}
@@ -506,4 +506,4 @@ TEST(Fabric, ManagerRestartMidJobKeepsTheJobInTheNetwork) {
 }
 
 }  // namespace
-}  // namespace treeduce::testing
+}  // namespace treeduce::lab

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "lab.h"
+#include "treeduce/lab/netns.h"
 
-namespace treeduce::testing {
+namespace treeduce::lab {
 
 enum class FabricShape { two_level, one_leaf };
 /// How the host ranks reach their leaf: kernel UDP sockets over a veth pair to the leaf's
@@ -131,4 +131,4 @@ class Fabric {
   int manager_port_ = 0;
 };
 
-}  // namespace treeduce::testing
+}  // namespace treeduce::lab

@@ -1,8 +1,8 @@
 // treeduce-refhost: one host rank of a treeduce job on the kernel's UDP stack, driven by the
 // reference protocol engine (host::ProtocolEngine). Integration tests start one per rank against
 // real switch processes and check that every allreduce result is exactly the expected one.
-// tests/tools/README.md describes the command line, the order of the cases, how inputs are chosen
-// and why every expected result is exact whatever the arrival order and tree shape.
+// lab/README.md describes the command line, the order of the cases, how inputs are chosen and
+// why every expected result is exact whatever the arrival order and tree shape.
 #include <CLI/CLI.hpp>
 
 #include <arpa/inet.h>
@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "exact_inputs.h"
 #include "treeduce/aggregation/convert.h"
 #include "treeduce/aggregation/dtype.h"
 #include "treeduce/host/protocol_engine.h"
+#include "treeduce/lab/exact_inputs.h"
 
 namespace {
 
@@ -412,7 +412,7 @@ int main(int argc, char** argv) {
   Options opt;
   CLI::App app{
       "treeduce-refhost: one host rank of a treeduce job on kernel UDP, checking exact "
-      "allreduce results (tests/tools/README.md)"};
+      "allreduce results (lab/README.md)"};
   app.add_option("--leaf", opt.leaf, "leaf switch data address A.B.C.D:PORT")->required();
   app.add_option("--bind", opt.bind, "local address A.B.C.D:PORT (port 0: any)")
       ->capture_default_str();

@@ -1,6 +1,8 @@
-// Emulated fabrics for integration tests: network namespaces, veth pairs and processes, all
-// created by the test and removed by it (also when it fails). Names carry the test's pid, so
-// parallel tests never collide and leftovers of a killed run are recognisable and reaped.
+// The lab's building blocks: network namespaces, veth pairs, bridges and the processes run in
+// them, for the emulated fabric (emulated_fabric.h) of the main job, the benchmarks and the
+// integration tests. All are created by their user and removed by it (also when it fails). Names
+// carry the creating process's pid, so parallel runs never collide and leftovers of a killed run
+// are recognisable and reaped.
 #pragma once
 
 #include <sys/types.h>
@@ -10,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace treeduce::testing {
+namespace treeduce::lab {
 
 /// Runs a command with /bin/sh; returns its exit status (-1 if it could not run).
 int sh(const std::string& cmd);
@@ -72,4 +74,4 @@ class Lab {
   std::vector<Proc*> procs_;
 };
 
-}  // namespace treeduce::testing
+}  // namespace treeduce::lab

@@ -1,4 +1,4 @@
-#include "lab.h"
+#include "treeduce/lab/netns.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-namespace treeduce::testing {
+namespace treeduce::lab {
 
 int sh(const std::string& cmd) {
   const int rc = std::system(cmd.c_str());
@@ -223,4 +223,4 @@ std::string Lab::write(const std::string& name, const std::string& text) {
   return path;
 }
 
-}  // namespace treeduce::testing
+}  // namespace treeduce::lab

@@ -1,4 +1,4 @@
-#include "fabric.h"
+#include "treeduce/lab/emulated_fabric.h"
 
 #include <signal.h>
 
@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace treeduce::testing {
+namespace treeduce::lab {
 
 namespace {
 
@@ -371,4 +371,4 @@ std::vector<int> Fabric::stop() {
   return status;
 }
 
-}  // namespace treeduce::testing
+}  // namespace treeduce::lab

@@ -25,11 +25,11 @@
 #include <thread>
 #include <vector>
 
-#include "fabric.h"
+#include "treeduce/lab/emulated_fabric.h"
 
 namespace {
 
-using namespace treeduce::testing;
+using namespace treeduce::lab;
 
 std::atomic<bool> g_interrupted{false};
 void on_signal(int) { g_interrupted = true; }

@@ -1,4 +1,4 @@
-#include "fabric.h"
+#include "sim_fabric.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,8 +1,8 @@
 // Exactly checkable allreduce inputs, shared by treeduce-refhost and treeduce-perf: every rank's
 // input is a pure function of (seed, case, rank, element), so any rank computes the expected
 // result itself, and the inputs are chosen so that the result is exact whatever the arrival
-// order, tree shape and rounding of partials (tests/tools/README.md, "Inputs and why the
-// expected results are exact").
+// order, tree shape and rounding of partials (lab/README.md, "Inputs and why the expected
+// results are exact").
 #pragma once
 
 #include <array>
