@@ -8,6 +8,13 @@
 
 namespace treeduce::dp {
 
+using proto::EtherHdr;
+using proto::inet_checksum;
+using proto::ipv4_checksum;
+using proto::Ipv4Hdr;
+using proto::load_header;
+using proto::store_header;
+
 namespace {
 
 constexpr std::uint16_t kEtherTypeIpv4 = 0x0800;

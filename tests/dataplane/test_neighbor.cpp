@@ -10,6 +10,8 @@
 namespace treeduce::dp {
 namespace {
 
+using namespace treeduce::proto;  // the headers these tests build by hand
+
 const Endpoint kSelf{{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}, 0x0A000001, 47110};  // 10.0.0.1
 const std::uint8_t kHostMac[6] = {0x02, 0x00, 0x00, 0x00, 0x00, 0x99};
 constexpr std::uint32_t kHostIp = 0x0A000063;  // 10.0.0.99

@@ -40,7 +40,7 @@
 #include "treeduce/dataplane/core.h"
 #include "treeduce/dataplane/counters.h"
 #include "treeduce/dataplane/neighbor.h"
-#include "treeduce/dataplane/wire.h"
+#include "treeduce/protocol/wire.h"
 
 #ifndef TREEDUCE_SWITCH_BIN
 #error "meson passes -DTREEDUCE_SWITCH_BIN=<path of treeduce-switch>"

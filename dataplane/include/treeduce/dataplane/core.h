@@ -19,11 +19,45 @@
 #include "treeduce/aggregation/dtype.h"
 #include "treeduce/common/status.h"
 #include "treeduce/dataplane/counters.h"
-#include "treeduce/dataplane/wire.h"
+#include "treeduce/protocol/tree.h"
+#include "treeduce/protocol/wire.h"
 
 namespace treeduce::dp {
 
-// TreeConfig, ChildConfig, Role, kMaxChildren and kMaxSlots: the protocol's (protocol/tree.h).
+// The protocol's vocabulary (protocol/wire.h, protocol/tree.h), which the switch core and its
+// daemon use unqualified.
+using proto::be16;
+using proto::be32;
+using proto::be64;
+using proto::bswap_be;
+using proto::build_frame;
+using proto::ChildConfig;
+using proto::Endpoint;
+using proto::EtherHdr;
+using proto::inet_checksum;
+using proto::ipv4_checksum;
+using proto::Ipv4Hdr;
+using proto::kDefaultUdpPort;
+using proto::kFrameHeaderBytes;
+using proto::kMaxChildren;
+using proto::kMaxFrameBytes;
+using proto::kMaxPayloadBytes;
+using proto::kMaxSlots;
+using proto::kMinPayloadBytes;
+using proto::kProtocolVersion;
+using proto::load_header;
+using proto::Opcode;
+using proto::parse_frame;
+using proto::Parsed;
+using proto::Role;
+using proto::serial_after;
+using proto::store_header;
+using proto::TdHdr;
+using proto::TreeConfig;
+using proto::UdpHdr;
+using proto::valid_payload_bytes;
+using proto::validate_tree;
+using proto::write_l2_l4;
 
 /// A received frame: the bytes stay owned by the caller.
 struct RxFrame {

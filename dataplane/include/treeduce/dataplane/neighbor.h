@@ -9,9 +9,13 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "treeduce/dataplane/wire.h"
+#include "treeduce/protocol/wire.h"
 
 namespace treeduce::dp {
+
+using proto::be16;
+using proto::be32;
+using proto::Endpoint;
 
 /// ARP over Ethernet for IPv4 (RFC 826), 28 bytes after the Ethernet header.
 struct [[gnu::packed]] ArpHdr {
