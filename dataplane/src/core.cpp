@@ -332,8 +332,12 @@ std::size_t Core::handle(const std::uint8_t* data, std::size_t len, TxFrame* tx,
     }
     return refuse(t, p, r, tx);
   }
-  return opcode == Opcode::contrib ? on_contrib(*t, p, c, tx, consumed)
-                                   : on_result(*t, p, c, tx, consumed);
+  const std::size_t n = opcode == Opcode::contrib ? on_contrib(*t, p, c, tx, consumed)
+                                                  : on_result(*t, p, c, tx, consumed);
+  // A deferred frame is offered again in the next call and counted then.
+  if (!*consumed) [[unlikely]]
+    --t->counters.events[static_cast<std::size_t>(Event::rx_frames)];
+  return n;
 }
 
 DropReason Core::check_chunk(const Tree& t, const Parsed& p, Chunk* c) noexcept {

@@ -544,6 +544,10 @@ TEST(CoreBursts, AUnicastResultKeepsItsChunksSumWhenTheSlotIsReusedInTheSameBurs
   for (const Sent& f : sent) EXPECT_EQ(f.value, sum2(f.td.chunk.get())) << f.td.chunk.get();
   EXPECT_EQ(h.core.counters().event(Event::result_unicast), 1u);
   EXPECT_EQ(h.core.counters().event(Event::result_multicast), 3u);
+  EXPECT_EQ(h.core.counters().event(Event::tx_deferred), 1u);
+  // The deferred frame is counted once, when it is taken, switch-wide and for its tree.
+  EXPECT_EQ(h.core.counters().event(Event::rx_frames), 7u);
+  EXPECT_EQ(h.core.tree_counters(5)->event(Event::rx_frames), 7u);
 }
 
 // With the default burst of 32, frames arriving faster than the window (3 windows of S = 4 in
