@@ -60,7 +60,7 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
         pb::SwitchHeartbeatRequest r;
         r.set_name(name_);
         pb::SwitchHeartbeatReply p;
-        (void)stub_->SwitchHeartbeat(&c, r, &p);
+        if (stub_->SwitchHeartbeat(&c, r, &p).ok()) ++heartbeats_;
       }
     });
     return s;
@@ -73,10 +73,15 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
     if (server_) server_->Shutdown(std::chrono::system_clock::now());
   }
 
+  bool stopped() const { return stop_; }
+
   std::size_t tree_count() {
     std::lock_guard l(mu_);
     return core_.tree_count();
   }
+  /// Heartbeats the manager accepted: a test that needs a heartbeat to have reached the
+  /// manager after some point waits for this to grow by two (the first may have been in flight).
+  int heartbeats() const { return heartbeats_; }
   /// Calls received, accepted or not.
   int installs() const { return installs_; }
   int removes() const { return removes_; }
@@ -146,7 +151,7 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<pb::SwitchRegistry::Stub> stub_;
   std::atomic<bool> stop_{false};
-  std::atomic<int> installs_{0}, removes_{0};
+  std::atomic<int> installs_{0}, removes_{0}, heartbeats_{0};
   std::thread hb_;
 };
 
