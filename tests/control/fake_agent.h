@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -53,8 +54,12 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
     grpc::Status s = stub_->Register(&ctx, req, &rep);
     if (!s.ok()) return s;
     hb_ = std::thread([this, hb_ms] {
-      while (!stop_) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(hb_ms));
+      for (;;) {
+        {
+          std::unique_lock l(hb_mu_);
+          if (hb_cv_.wait_for(l, std::chrono::milliseconds(hb_ms), [this] { return stop_.load(); }))
+            break;
+        }
         grpc::ClientContext c;
         c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
         pb::SwitchHeartbeatRequest r;
@@ -68,7 +73,11 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
 
   /// A crash: heartbeats stop and the server goes away.
   void stop() {
-    if (stop_.exchange(true)) return;
+    {
+      std::lock_guard l(hb_mu_);
+      if (stop_.exchange(true)) return;
+    }
+    hb_cv_.notify_all();
     if (hb_.joinable()) hb_.join();
     if (server_) server_->Shutdown(std::chrono::system_clock::now());
   }
@@ -151,6 +160,8 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<pb::SwitchRegistry::Stub> stub_;
   std::atomic<bool> stop_{false};
+  std::mutex hb_mu_;  // with hb_cv_: stop() wakes the heartbeat thread at once
+  std::condition_variable hb_cv_;
   std::atomic<int> installs_{0}, removes_{0}, heartbeats_{0};
   std::thread hb_;
 };
