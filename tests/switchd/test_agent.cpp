@@ -531,12 +531,12 @@ TEST_F(WithManager, RegistersAgainWithARestartedManager) {
   server.reset();
   reg.reset();
   start_manager();  // same port, no database: it knows no switch
-  // The next heartbeat is refused (the switch is not registered) and the agent registers again.
+  // The next heartbeat is refused (the switch is not registered) and the agent registers again;
+  // the agent knows once the manager's answer is back, which is after the manager knows.
   ASSERT_TRUE(eventually([&] {
     clock.step_pending();
-    return leaf0_registered();
+    return leaf0_registered() && agent->registered();
   }));
-  EXPECT_TRUE(agent->registered());
   EXPECT_EQ(leaf0().agent, local(agent->port()));
   join_both("after");
   EXPECT_EQ(trees.installs().size(), 1u);
