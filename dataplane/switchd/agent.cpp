@@ -236,11 +236,11 @@ struct Agent::Impl {
           continue;
         }
         report("cannot register with the manager at " + opt.manager + ": " + s.error_message());
-        cv.wait_for(lock, backoff, [this] { return stop; });
+        wait(lock, backoff);
         backoff = std::min(backoff * 2, kMaxBackoff);
         continue;
       }
-      if (cv.wait_for(lock, interval, [this] { return stop; })) break;
+      if (wait(lock, interval)) break;
       std::uint64_t lease = 0;
       grpc::Status s = call(
           [&](grpc::ClientContext* ctx) {
@@ -286,6 +286,13 @@ struct Agent::Impl {
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, int(kMaxBackoff.count()));
     return pb::SwitchRegistry::NewStub(
         grpc::CreateCustomChannel(opt.manager, grpc::InsecureChannelCredentials(), args));
+  }
+
+  /// Waits `d` on the agent's clock or until stopped; true when stopped.
+  bool wait(std::unique_lock<std::mutex>& lock, milliseconds d) {
+    const auto stopped = [this] { return stop; };
+    if (opt.clock) return opt.clock->wait(lock, cv, d, stopped);
+    return cv.wait_for(lock, d, stopped);
   }
 
   milliseconds heartbeat_interval(std::uint64_t lease_ms) const {

@@ -5,8 +5,12 @@
 /// and nowhere else.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +43,18 @@ struct AgentResources {
   bool deterministic = true;
 };
 
+/// How the agent waits between registration attempts and between heartbeats. The default waits
+/// on the real clock; tests substitute a clock they advance themselves, so that they observe
+/// every wait (the backoff, the interval the lease implies) and need not sleep through them.
+class AgentClock {
+ public:
+  virtual ~AgentClock() = default;
+  /// Waits on `cv` (its mutex held by `lock`) until `d` has passed on this clock or `stopped()`
+  /// is true; returns stopped(). The agent notifies `cv` when it stops.
+  virtual bool wait(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
+                    std::chrono::milliseconds d, const std::function<bool()>& stopped) = 0;
+};
+
 struct AgentOptions {
   std::string switch_name;
   std::string listen = "127.0.0.1:0";  ///< SwitchAgent server address
@@ -48,6 +64,8 @@ struct AgentOptions {
   /// Limits to register with. Unset: the manager keeps the switch's profile from its topology
   /// (an emulated Quantum-2 stays one; a registration with limits would replace the profile).
   std::optional<AgentResources> resources;
+  /// nullptr: the real clock. Must outlive the agent.
+  AgentClock* clock = nullptr;
 };
 
 /// Serves SwitchAgent and keeps the switch registered: registration is retried (with backoff,

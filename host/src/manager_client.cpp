@@ -136,6 +136,7 @@ class GrpcManagerClient final : public ManagerClient {
       reason_.clear();
       lease_ms_ = out.tree.lease_ms;
       stop_ = false;
+      counts_ = {};
     }
     heartbeats_ = std::thread([this] { heartbeat_loop(); });
     return out;
@@ -145,6 +146,11 @@ class GrpcManagerClient final : public ManagerClient {
     std::lock_guard lock(mu_);
     if (!usable_ && reason) *reason = reason_;
     return usable_;
+  }
+
+  HeartbeatCounts heartbeats() const override {
+    std::lock_guard lock(mu_);
+    return counts_;
   }
 
   void leave() override {
@@ -194,6 +200,8 @@ class GrpcManagerClient final : public ManagerClient {
       pb::HeartbeatReply rep;
       const grpc::Status s = stub_->Heartbeat(&ctx, r, &rep);
       lock.lock();
+      ++counts_.sent;
+      if (s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND) ++counts_.answered;
       if (s.ok()) {
         last_answer = Clock::now();
         logged_outage = false;
@@ -235,6 +243,7 @@ class GrpcManagerClient final : public ManagerClient {
   bool usable_ = true;
   std::string reason_;
   std::uint64_t lease_ms_ = kDefaultLeaseMs;
+  HeartbeatCounts counts_;
   std::thread heartbeats_;
 };
 

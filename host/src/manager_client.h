@@ -42,6 +42,13 @@ class ManagerClient {
   /// switch of the tree died), with the reason; the communicator then falls back.
   virtual bool tree_usable(std::string* reason) const = 0;
   virtual void leave() = 0;
+
+  /// Heartbeats since the last join: sent, and answered by the manager (any state). Progress a
+  /// caller can wait on instead of sleeping: a heartbeat counted as answered renewed the lease.
+  struct HeartbeatCounts {
+    std::uint64_t sent = 0, answered = 0;
+  };
+  virtual HeartbeatCounts heartbeats() const = 0;
 };
 
 }  // namespace treeduce::host

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -53,14 +54,18 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
     grpc::Status s = stub_->Register(&ctx, req, &rep);
     if (!s.ok()) return s;
     hb_ = std::thread([this, hb_ms] {
-      while (!stop_) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(hb_ms));
+      for (;;) {
+        {
+          std::unique_lock l(hb_mu_);
+          if (hb_cv_.wait_for(l, std::chrono::milliseconds(hb_ms), [this] { return stop_.load(); }))
+            break;
+        }
         grpc::ClientContext c;
         c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
         pb::SwitchHeartbeatRequest r;
         r.set_name(name_);
         pb::SwitchHeartbeatReply p;
-        (void)stub_->SwitchHeartbeat(&c, r, &p);
+        if (stub_->SwitchHeartbeat(&c, r, &p).ok()) ++heartbeats_;
       }
     });
     return s;
@@ -68,15 +73,24 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
 
   /// A crash: heartbeats stop and the server goes away.
   void stop() {
-    if (stop_.exchange(true)) return;
+    {
+      std::lock_guard l(hb_mu_);
+      if (stop_.exchange(true)) return;
+    }
+    hb_cv_.notify_all();
     if (hb_.joinable()) hb_.join();
     if (server_) server_->Shutdown(std::chrono::system_clock::now());
   }
+
+  bool stopped() const { return stop_; }
 
   std::size_t tree_count() {
     std::lock_guard l(mu_);
     return core_.tree_count();
   }
+  /// Heartbeats the manager accepted: a test that needs a heartbeat to have reached the
+  /// manager after some point waits for this to grow by two (the first may have been in flight).
+  int heartbeats() const { return heartbeats_; }
   /// Calls received, accepted or not.
   int installs() const { return installs_; }
   int removes() const { return removes_; }
@@ -146,7 +160,9 @@ class FakeSwitchAgent final : public pb::SwitchAgent::Service {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<pb::SwitchRegistry::Stub> stub_;
   std::atomic<bool> stop_{false};
-  std::atomic<int> installs_{0}, removes_{0};
+  std::mutex hb_mu_;  // with hb_cv_: stop() wakes the heartbeat thread at once
+  std::condition_variable hb_cv_;
+  std::atomic<int> installs_{0}, removes_{0}, heartbeats_{0};
   std::thread hb_;
 };
 

@@ -51,10 +51,26 @@ struct Fabric {
     for (auto& [name, a] : agents) n += a->tree_count();
     return n;
   }
+  /// Waits until every running agent has had two more heartbeats accepted: the second was
+  /// sent after this call began, so the manager saw it after anything done before.
+  bool heartbeats_arrived() {
+    std::map<std::string, int> before;
+    for (auto& [name, a] : agents) before[name] = a->heartbeats();
+    return eventually([&] {
+      for (auto& [name, a] : agents)
+        if (!a->stopped() && a->heartbeats() < before[name] + 2) return false;
+      return true;
+    });
+  }
 };
 
+// Leases are measured on a manual clock: no rank or switch lease expires because the machine is
+// loaded and a heartbeat came late (ManyJoinsAtOnceUntilTheLeavesAreFull failed that way under
+// ASan), and the tests that want an expiry advance the clock past it.
 struct Grpc : ::testing::Test {
+  static constexpr std::uint64_t kSwitchLeaseMs = 400;
   Topology topo = *load_topology_yaml(doc_yaml());
+  treeduce::test_support::ManualClock clock;
   GrpcSwitchClient client{1000};
   std::unique_ptr<JobRegistry> reg;
   std::unique_ptr<ManagerServer> server;
@@ -64,7 +80,8 @@ struct Grpc : ::testing::Test {
   void start(std::uint64_t lease_ms) {
     RegistryOptions o;
     o.lease_ms = lease_ms;
-    o.switch_lease_ms = 400;
+    o.switch_lease_ms = kSwitchLeaseMs;
+    o.clock = clock.fn();
     reg = std::make_unique<JobRegistry>(topo, client, o);
     server = std::make_unique<ManagerServer>(*reg, "127.0.0.1:0", 25);
     ASSERT_TRUE(server->ok());
@@ -72,6 +89,13 @@ struct Grpc : ::testing::Test {
     jobs = pb::JobService::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
   }
   void SetUp() override { start(5000); }
+  /// Expires the lease of every switch whose agent was stopped, and of no other: half a lease
+  /// passes, every running agent's heartbeat renews its lease, and the second half passes.
+  void expire_stopped_switches(Fabric& f) {
+    clock.advance(kSwitchLeaseMs / 2 + 1);
+    ASSERT_TRUE(f.heartbeats_arrived());
+    clock.advance(kSwitchLeaseMs / 2 + 1);
+  }
   void TearDown() override { server.reset(); }
 
   grpc::Status join(const pb::JoinRequest& r, pb::JoinReply* rep) {
@@ -221,6 +245,7 @@ TEST_F(Grpc, CrashedSwitchFailsTheJobAndRanksAreTold) {
   ASSERT_TRUE(res[0].first.ok()) << res[0].first.error_message();
   std::string spine = f.agents["spine0"]->tree_count() ? "spine0" : "spine1";
   f.agents[spine]->stop();
+  expire_stopped_switches(f);
   pb::HeartbeatReply hb;
   ASSERT_TRUE(eventually(
       [&] { return heartbeat("train", 0, &hb).ok() && hb.state() == pb::JOB_STATE_FAILED; }));
@@ -236,6 +261,7 @@ TEST_F(Grpc, ExpiredLeasesRemoveTrees) {
   auto res = join_all("train");
   ASSERT_TRUE(res[0].first.ok()) << res[0].first.error_message();
   EXPECT_EQ(f.trees(), 3u);
+  clock.advance(301);  // past the ranks' lease (300 ms), within the switches' (400 ms)
   EXPECT_TRUE(eventually([&] { return f.trees() == 0; }));
   EXPECT_TRUE(reg->jobs().empty());
 }
@@ -305,10 +331,13 @@ struct Daemon {
                                        listen.c_str(),
                                        "--port-file",
                                        pf.c_str(),
+                                       // Leases on the daemon's real clock: long enough
+                                       // that a loaded machine delaying heartbeats cannot
+                                       // expire one during a test.
                                        "--switch-lease-ms",
-                                       "600",
+                                       "10000",
                                        "--restore-grace-ms",
-                                       "1000"};
+                                       "10000"};
       if (!db.empty()) {
         argv.push_back("--db");
         argv.push_back(db.c_str());
@@ -397,9 +426,10 @@ TEST(ManagerProcess, KilledDaemonRestartsWithoutDisturbingTrees) {
   ASSERT_EQ(second.port, first->port);
   auto stub =
       pb::JobService::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
-  // Every rank's heartbeat finds its job running, well past the restart grace and the
-  // switches' lease: the agents' heartbeats reached the new manager too.
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  // The restored manager knows the switches as registered: it accepts their agents'
+  // heartbeats (it would answer FAILED_PRECONDITION to a switch it had forgotten), so their
+  // leases are renewed and will not run out when the restart grace ends.
+  ASSERT_TRUE(f.heartbeats_arrived());
   for (std::uint32_t r = 0; r < 4; ++r) {
     grpc::ClientContext ctx;
     pb::HeartbeatRequest hr;
@@ -523,6 +553,7 @@ TEST_F(Grpc, DoctorSaysWhetherAJobWouldBeOffloadedAndWhyNot) {
 
   // A switch whose agent died.
   f.agents["spine0"]->stop();
+  expire_stopped_switches(f);
   EXPECT_TRUE(eventually([&] {
     return cli(m + "--job other --world 4 --dtype i32")
                .second.find("Switch spine0 (quantum2) is down") != std::string::npos;

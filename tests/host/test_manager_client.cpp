@@ -51,12 +51,16 @@ struct ManagerClientTest : ::testing::Test {
   std::string addr;
 
   // A manager with rank lease `lease_ms` (heartbeats every third of it) and a 400 ms switch
-  // lease, and an agent for every switch.
+  // lease, both on a manual clock, and an agent for every switch. No lease expires unless a
+  // test advances the clock: a loaded machine delaying a heartbeat cannot fail a test.
+  static constexpr std::int64_t kSwitchLeaseMs = 400;
+  treeduce::test_support::ManualClock clock;
   void start(std::uint64_t lease_ms = 600, std::uint32_t max_jobs = 16384) {
     topo = *load_topology_yaml(yaml);
     RegistryOptions o;
     o.lease_ms = lease_ms;
-    o.switch_lease_ms = 400;
+    o.switch_lease_ms = kSwitchLeaseMs;
+    o.clock = clock.fn();
     o.max_jobs = max_jobs;
     reg = std::make_unique<JobRegistry>(topo, switches, o);
     server = std::make_unique<ManagerServer>(*reg, "127.0.0.1:0", 25);
@@ -70,6 +74,22 @@ struct ManagerClientTest : ::testing::Test {
   void TearDown() override {
     server.reset();
     agents.clear();
+  }
+  /// Waits until every client in `c` and every running agent has had two more heartbeats
+  /// answered: the second was sent after this call began, so it renewed the lease at the
+  /// manager's current time.
+  bool heartbeats_arrived(const std::vector<std::unique_ptr<ManagerClient>>& c) {
+    std::vector<std::uint64_t> rank0;
+    for (const auto& x : c) rank0.push_back(x->heartbeats().answered);
+    std::map<std::string, int> sw0;
+    for (auto& [name, a] : agents) sw0[name] = a->heartbeats();
+    return eventually([&] {
+      for (std::size_t i = 0; i < c.size(); ++i)
+        if (c[i]->heartbeats().answered < rank0[i] + 2) return false;
+      for (auto& [name, a] : agents)
+        if (!a->stopped() && a->heartbeats() < sw0[name] + 2) return false;
+      return true;
+    });
   }
   std::size_t trees() {
     std::size_t n = 0;
@@ -112,8 +132,14 @@ TEST_F(ManagerClientTest, TwoRanksGetConsistentAssignmentsAndLeaveRemovesTheTree
   EXPECT_EQ(out[0].tree.op_mask, 0x07);
   EXPECT_EQ(out[0].tree.lease_ms, 600u);
   EXPECT_EQ(agents["leaf0"]->tree_count(), 1u);
-  // Heartbeats keep the job alive well past its 600 ms lease.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Heartbeats keep the job alive past its 600 ms lease: 900 ms pass on the manager's clock,
+  // half a lease at a time, each half after both ranks' heartbeats renewed their leases.
+  for (int i = 0; i < 3; ++i) {
+    clock.advance(300);
+    ASSERT_TRUE(heartbeats_arrived(c));
+  }
+  ASSERT_EQ(reg->jobs().size(), 1u);
+  EXPECT_EQ(reg->jobs()[0].state, treeduce::ctl::JobState::running);
   std::string why;
   EXPECT_TRUE(c[0]->tree_usable(&why)) << why;
   EXPECT_EQ(trees(), 1u);
@@ -191,7 +217,12 @@ TEST_F(ManagerClientTest, ADeadSwitchMakesTheTreeUnusableWithAReason) {
   std::vector<std::unique_ptr<ManagerClient>> c;
   auto out = join_all("train", {"h0", "h1"}, &c);
   for (const auto& o : out) ASSERT_EQ(o.result, Result::ok) << o.reason;
-  agents["leaf0"]->stop();  // heartbeats stop; the switch lease is 400 ms
+  agents["leaf0"]->stop();  // heartbeats stop
+  // leaf0's lease runs out, no other: half a switch lease passes, every live switch and both
+  // ranks renew their leases (300 ms), the second half passes.
+  clock.advance(kSwitchLeaseMs / 2 + 1);
+  ASSERT_TRUE(heartbeats_arrived(c));
+  clock.advance(kSwitchLeaseMs / 2 + 1);
   std::string why;
   ASSERT_TRUE(eventually([&] { return !c[0]->tree_usable(&why); }));
   EXPECT_NE(why.find("leaf0"), std::string::npos) << why;
@@ -207,7 +238,16 @@ TEST_F(ManagerClientTest, AnUnreachableManagerLeavesTheTreeInUseAndIsLoggedOnce)
   for (const auto& o : out) ASSERT_EQ(o.result, Result::ok) << o.reason;
   ::testing::internal::CaptureStderr();
   server.reset();  // the manager goes away; the switches keep the tree
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // five leases
+  // Eight unanswered heartbeats each: one every third of the 300 ms lease, so the outage
+  // (over a lease without an answer) began by the fourth and was retried at least four times
+  // after it, which must not log it again.
+  std::vector<ManagerClient::HeartbeatCounts> at_reset;
+  for (auto& x : c) at_reset.push_back(x->heartbeats());
+  auto unanswered = [&](std::size_t i) {
+    const auto now = c[i]->heartbeats();
+    return (now.sent - at_reset[i].sent) - (now.answered - at_reset[i].answered);
+  };
+  ASSERT_TRUE(eventually([&] { return unanswered(0) >= 8 && unanswered(1) >= 8; }));
   std::string why;
   EXPECT_TRUE(c[0]->tree_usable(&why)) << why;
   EXPECT_TRUE(c[1]->tree_usable(&why)) << why;

@@ -1,8 +1,11 @@
 // Small helpers shared by test files of several components.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -31,5 +34,22 @@ bool eventually(Pred p, int ms = 5000) {
   }
   return p();
 }
+
+/// A monotonic clock in milliseconds that moves only when the test advances it. A lease or
+/// heartbeat deadline measured on it cannot expire because a loaded machine ran a thread late:
+/// tests that want an expiry make it happen with advance().
+class ManualClock {
+ public:
+  explicit ManualClock(std::int64_t start_ms = 1000) : ms_(start_ms) {}
+  std::int64_t now() const { return ms_.load(); }
+  void advance(std::int64_t ms) { ms_ += ms; }
+  /// For RegistryOptions::clock.
+  std::function<std::int64_t()> fn() {
+    return [this] { return now(); };
+  }
+
+ private:
+  std::atomic<std::int64_t> ms_;
+};
 
 }  // namespace treeduce::test_support

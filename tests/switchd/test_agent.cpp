@@ -3,6 +3,7 @@
 // after and again during the agent's life. Trees land in a recording TreeControl.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,7 +19,9 @@ namespace pb = treeduce::control::v1;
 namespace ctl = treeduce::ctl;
 namespace dp = treeduce::dp;
 using treeduce::switchd::Agent;
+using treeduce::switchd::AgentClock;
 using treeduce::switchd::AgentOptions;
+using std::chrono::milliseconds;
 using treeduce::switchd::TreeControl;
 
 namespace {
@@ -72,6 +75,57 @@ bool eventually(Pred p, int ms = 3000) {
   }
   return p();
 }
+
+/// A clock that moves only when the test says so, shared by the agent (its waits) and the
+/// manager (its leases). Every wait the agent begins is recorded; step() lets the oldest one
+/// not yet let go end by advancing the clock to its end.
+class StepClock final : public AgentClock {
+ public:
+  bool wait(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, milliseconds d,
+            const std::function<bool()>& stopped) override {
+    std::int64_t until;
+    {
+      std::lock_guard l(mu_);
+      waits_.push_back(d);
+      until = now_ + d.count();
+    }
+    while (!stopped() && now() < until)
+      cv.wait_for(lock, milliseconds(1));  // polls: advance() comes from the test's thread
+    return stopped();
+  }
+  std::int64_t now() const {
+    std::lock_guard l(mu_);
+    return now_;
+  }
+  void advance(std::int64_t ms) {
+    std::lock_guard l(mu_);
+    now_ += ms;
+  }
+  /// If the agent has begun a wait not let go yet, ends it; true if it did.
+  bool step_pending() {
+    std::lock_guard l(mu_);
+    if (stepped_ >= waits_.size()) return false;
+    now_ += waits_[stepped_++].count();
+    return true;
+  }
+  /// Waits (real time) until the agent begins its next wait, ends it, and returns its length;
+  /// 0 if it did not begin one within 5 s.
+  milliseconds step() {
+    if (!eventually([&] { return step_pending(); }, 5000)) return milliseconds(0);
+    std::lock_guard l(mu_);
+    return waits_[stepped_ - 1];
+  }
+  std::size_t waits() const {
+    std::lock_guard l(mu_);
+    return waits_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::int64_t now_ = 1000;
+  std::vector<milliseconds> waits_;
+  std::size_t stepped_ = 0;
+};
 
 std::string local(int port) { return "127.0.0.1:" + std::to_string(port); }
 
@@ -306,6 +360,7 @@ struct WithManager : ::testing::Test {
   std::unique_ptr<ctl::JobRegistry> reg;
   std::unique_ptr<ctl::ManagerServer> server;
   FakeTrees trees;
+  StepClock clock;  // declared before the agent, which uses it until destroyed
   std::unique_ptr<Agent> agent;
 
   void TearDown() override {
@@ -320,6 +375,7 @@ struct WithManager : ::testing::Test {
     ctl::RegistryOptions o;
     o.lease_ms = rank_lease_ms;
     o.switch_lease_ms = 600;
+    o.clock = [this] { return clock.now(); };
     reg = std::make_unique<ctl::JobRegistry>(topo, client, o);
     server = std::make_unique<ctl::ManagerServer>(*reg, local(manager_port), 25);
     ASSERT_TRUE(server->ok());
@@ -331,6 +387,7 @@ struct WithManager : ::testing::Test {
     o.heartbeat_ms = heartbeat_ms;
     o.resources = treeduce::switchd::AgentResources{};
     o.resources->max_trees = 123;
+    o.clock = &clock;
     std::string err;
     agent = Agent::start(o, trees, &err);
     ASSERT_TRUE(agent) << err;
@@ -383,11 +440,15 @@ struct WithManager : ::testing::Test {
 
 TEST_F(WithManager, RegistersOnceTheManagerAppears) {
   start_agent();
-  // Long enough for the retry backoff to reach its 1 s cap (uncapped, it would be at 3.2 s).
-  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+  // Refused registrations back off from 50 ms, doubling, and stay at the 1 s cap.
+  for (int ms : {50, 100, 200, 400, 800, 1000, 1000}) EXPECT_EQ(clock.step(), milliseconds(ms));
   EXPECT_FALSE(agent->registered());
   start_manager();
-  ASSERT_TRUE(eventually([&] { return agent->registered(); }, 1500));
+  // The next attempt (at most one backoff later) registers.
+  ASSERT_TRUE(eventually([&] {
+    clock.step_pending();
+    return agent->registered();
+  }));
   auto v = leaf0();
   EXPECT_TRUE(v.registered);
   EXPECT_TRUE(v.up);
@@ -411,9 +472,11 @@ TEST_F(WithManager, AdvertisedAddressIsWhatTheManagerDials) {
 
 TEST_F(WithManager, JoinInstallsOnTheAgentAndLeaveRemoves) {
   start_manager();
-  // Heartbeats every 10 s would lose a 600 ms lease: the agent must follow the manager's lease.
+  // Heartbeats every 10 s would lose a 600 ms lease: the agent must follow the manager's lease,
+  // heartbeating every third of it.
   start_agent("leaf0", 10000);
   ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  EXPECT_EQ(clock.step(), milliseconds(200));
   auto rep = join_both("train");
   const auto& a = rep[0].assignment();
   auto got = trees.installs();
@@ -432,8 +495,11 @@ TEST_F(WithManager, JoinInstallsOnTheAgentAndLeaveRemoves) {
   EXPECT_EQ(c.slots, 32u);
   EXPECT_EQ(c.payload_bytes, 512u);
 
-  // Several switch leases later the switch is still up and the job still runs.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Several switch leases later on the manager's clock, each 200 ms of it after a heartbeat,
+  // the switch is still up and the job still runs.
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(clock.step(), milliseconds(200));
+  const std::size_t waits = clock.waits();
+  ASSERT_TRUE(eventually([&] { return clock.waits() > waits; }));  // the last heartbeat is done
   EXPECT_TRUE(leaf0_registered());
   EXPECT_EQ(reg->jobs().at(0).state, ctl::JobState::running);
   EXPECT_TRUE(trees.removes().empty());
@@ -452,7 +518,8 @@ TEST_F(WithManager, AnExpiredRankLeaseRemovesTheTree) {
   auto rep = join_both("quiet");
   const std::uint16_t id = std::uint16_t(rep[0].assignment().tree_id());
   ASSERT_EQ(trees.installs().size(), 1u);
-  // No rank heartbeats.
+  // No rank heartbeats; the rank lease (300 ms) passes, not the switch's (600 ms).
+  clock.advance(301);
   ASSERT_TRUE(eventually([&] { return !trees.removes().empty(); }));
   EXPECT_EQ(trees.removes(), std::vector<std::uint16_t>{id});
 }
@@ -463,10 +530,13 @@ TEST_F(WithManager, RegistersAgainWithARestartedManager) {
   ASSERT_TRUE(eventually([&] { return agent->registered(); }));
   server.reset();
   reg.reset();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   start_manager();  // same port, no database: it knows no switch
-  ASSERT_TRUE(eventually([&] { return leaf0_registered(); }));
-  EXPECT_TRUE(agent->registered());
+  // The next heartbeat is refused (the switch is not registered) and the agent registers again;
+  // the agent knows once the manager's answer is back, which is after the manager knows.
+  ASSERT_TRUE(eventually([&] {
+    clock.step_pending();
+    return leaf0_registered() && agent->registered();
+  }));
   EXPECT_EQ(leaf0().agent, local(agent->port()));
   join_both("after");
   EXPECT_EQ(trees.installs().size(), 1u);
@@ -476,8 +546,9 @@ TEST_F(WithManager, AnUnknownSwitchIsReportedOnceNotPerRetry) {
   start_manager();
   ::testing::internal::CaptureStderr();
   start_agent("ghost");
-  // Backoff 50, 100, 200, 400 ms: several refused registrations.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  // Five refused registrations: the agent backs off after each (and only after a refusal).
+  for (int ms : {50, 100, 200, 400}) ASSERT_EQ(clock.step(), milliseconds(ms));
+  ASSERT_TRUE(eventually([&] { return clock.waits() == 5; }));
   EXPECT_FALSE(agent->registered());
   agent.reset();
   const std::string log = ::testing::internal::GetCapturedStderr();
@@ -497,9 +568,16 @@ TEST_F(WithManager, StopsPromptlyWhileTheManagerHangs) {
   ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   ASSERT_EQ(listen(fd, 4), 0);
   start_agent();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The agent's connection arrives: its registration RPC is under way (deadline 1 s).
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1);
+  const int conn = accept(fd, nullptr, nullptr);
+  ASSERT_GE(conn, 0);
   const auto t0 = std::chrono::steady_clock::now();
   agent.reset();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  // Cancelled, not waited out: well under the RPC's 1 s deadline.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(900));
+  EXPECT_EQ(clock.waits(), 0u);  // it never got past that first RPC
+  close(conn);
   close(fd);
 }

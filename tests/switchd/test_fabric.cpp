@@ -15,7 +15,10 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,10 +51,9 @@ struct Options {
   int iters = 1;
 };
 
-/// Parses `name{...labels...} value` lines of a Prometheus text file into label-string -> value.
-std::map<std::string, std::uint64_t> read_prom(const std::string& path) {
+/// Parses `name{...labels...} value` lines of Prometheus text into label-string -> value.
+std::map<std::string, std::uint64_t> parse_prom(std::istream& f) {
   std::map<std::string, std::uint64_t> m;
-  std::ifstream f(path);
   std::string line;
   while (std::getline(f, line)) {
     if (line.empty() || line[0] == '#') continue;
@@ -59,6 +61,54 @@ std::map<std::string, std::uint64_t> read_prom(const std::string& path) {
     m[line.substr(0, sp)] = std::strtoull(line.c_str() + sp + 1, nullptr, 10);
   }
   return m;
+}
+std::map<std::string, std::uint64_t> read_prom(const std::string& path) {
+  std::ifstream f(path);
+  return parse_prom(f);
+}
+
+/// A running switch's counters, from its metrics port (which its "ready" line names; the
+/// switches run in the test's network namespace). Empty when it cannot be read.
+std::map<std::string, std::uint64_t> scrape(const Proc& sw) {
+  std::smatch m;
+  const std::string log = Lab::read_log(sw);
+  if (!std::regex_search(log, m, std::regex("metrics port ([0-9]+)"))) return {};
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(m[1])));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    const std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    if (send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size())) {
+      char buf[8192];
+      for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;)
+        reply.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  close(fd);
+  const auto body = reply.find("\r\n\r\n");
+  if (body == std::string::npos) return {};
+  std::istringstream in(reply.substr(body + 4));
+  return parse_prom(in);
+}
+
+/// Waits (up to 60 s) until the root switch has sent `n` multicast RESULTs, scraping it every
+/// 20 ms: progress that proves the job reduces in the network; the count reached.
+std::uint64_t wait_results(const Proc& root, std::uint64_t n) {
+  std::uint64_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto m = scrape(root);
+    for (const auto& [k, v] : m)
+      if (k.rfind("treeduce_switch_events_total{", 0) == 0 &&
+          k.find("event=\"result_multicast\"") != std::string::npos)
+        got = v;
+    if (got >= n) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return got;
 }
 
 std::uint64_t counter(const std::map<std::string, std::uint64_t>& m, const std::string& family,
@@ -459,10 +509,11 @@ TEST(Fabric, SwitchKilledMidJobFallsBackOrFailsNeverWrong) {
   ASSERT_TRUE(f.up());
   auto ranks = f.start_perf(
       "kill", {"-b", "262144", "-e", "262144", "-d", "f32", "-o", "sum", "-n", "400", "-w", "1"});
-  // Let the job get going on the network path, then kill the root of the tree.
-  ASSERT_TRUE(f.lab().wait_log(*ranks[0], "# treeduce-perf", std::chrono::seconds(60)))
-      << Lab::read_log(*ranks[0]);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Once the job reduces on the network path (the root has multicast two allreduces' RESULTs:
+  // 256 chunks of 1 KiB each) and before it ends (400 allreduces), kill the root of the tree.
+  const std::uint64_t results = wait_results(f.switch_proc(2), 2 * 256);
+  ASSERT_GE(results, 2u * 256) << Lab::read_log(*ranks[0]);
+  ASSERT_LT(results, 400u * 256);
   kill(f.switch_proc(2).pid, SIGKILL);
   const auto t0 = std::chrono::steady_clock::now();
   int fell_back = 0;
@@ -490,9 +541,11 @@ TEST(Fabric, ManagerRestartMidJobKeepsTheJobInTheNetwork) {
   ASSERT_TRUE(f.up());
   auto ranks = f.start_perf("restart", {"-b", "262144", "-e", "262144", "-d", "f32", "-o", "sum",
                                         "-n", "400", "-w", "1"});
-  ASSERT_TRUE(f.lab().wait_log(*ranks[0], "# treeduce-perf", std::chrono::seconds(60)))
-      << Lab::read_log(*ranks[0]);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Restart the manager once the job reduces in the network (two allreduces' RESULTs from the
+  // root) and before it ends.
+  const std::uint64_t results = wait_results(f.switch_proc(2), 2 * 256);
+  ASSERT_GE(results, 2u * 256) << Lab::read_log(*ranks[0]);
+  ASSERT_LT(results, 400u * 256);
   ASSERT_EQ(f.fabric().restart_manager(), "");
   for (Proc* p : ranks) {
     ASSERT_TRUE(f.lab().wait(*p, std::chrono::seconds(120))) << Lab::read_log(*p);

@@ -388,7 +388,8 @@ TEST(MetricsServer, DestructorReturnsPromptly) {
   server.reset();
   EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(500));
 
-  // A client that connects and stays silent holds the worker only for the keep-alive timeout.
+  // A client whose keep-alive connection stays silent holds the worker only for the keep-alive
+  // timeout.
   server = MetricsServer::start(
       "127.0.0.1:0", [] { return Snapshot{}; }, &error);
   ASSERT_NE(server, nullptr) << error;
@@ -398,7 +399,18 @@ TEST(MetricsServer, DestructorReturnsPromptly) {
   a.sin_port = htons(static_cast<std::uint16_t>(server->port()));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the server accept it
+  // One scrape answered on the connection: the server accepted it, and its worker now waits
+  // on it for the next request.
+  const std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  std::string reply;
+  char buf[4096];
+  while (reply.find("\r\n\r\n") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << reply;
+    reply.append(buf, static_cast<std::size_t>(n));
+  }
+  ASSERT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
   t0 = Clock::now();
   server.reset();
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));
