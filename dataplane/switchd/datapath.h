@@ -11,6 +11,9 @@
 ///
 /// The control side (gRPC agent, static config, telemetry, a neighbour thread) changes trees and
 /// the neighbour table through RCU: publish, rte_rcu_qsbr_synchronize, free.
+///
+/// This is the façade; the parts (ports, worker, neighbours, trees) are listed in
+/// datapath_impl.h.
 #pragma once
 
 #include <atomic>
