@@ -113,31 +113,8 @@ class Service final : public pb::SwitchAgent::Service {
       log("refused tree " + std::to_string(req->tree_id()) + ": " + s.error_message());
       return s;
     }
-    std::string why;
-    const int rc = trees_.install(c, req->job(), &why);
     const std::string id = std::to_string(c.tree_id);
-    grpc::Status out;
-    switch (rc) {
-      case 0:
-        out = grpc::Status::OK;
-        break;
-      case -EEXIST:
-        out = {grpc::StatusCode::ALREADY_EXISTS,
-               "Tree " + id + " is installed with another configuration."};
-        break;
-      case -EINVAL:
-        out = invalid(why.empty()
-                          ? "Switch " + name_ + " refused the configuration of tree " + id + "."
-                          : why);
-        break;
-      case -ENOMEM:
-        out = {grpc::StatusCode::RESOURCE_EXHAUSTED,
-               "Switch " + name_ + " has no memory left for tree " + id + "."};
-        break;
-      default:
-        out = {grpc::StatusCode::INTERNAL, "Switch " + name_ + " failed to install tree " + id +
-                                               " (errno " + std::to_string(-rc) + ")."};
-    }
+    const grpc::Status out = install_status(trees_.install(c, req->job()), id);
     // Installs and removals are logged by the TreeControl, static trees alike; refusals here.
     if (!out.ok()) {
       log("refused tree " + id + " of job '" + req->job() + "' as " + role_name(c.role) + " with " +
@@ -153,14 +130,15 @@ class Service final : public pb::SwitchAgent::Service {
       return invalid("Tree id " + std::to_string(req->tree_id()) + " is above " +
                      std::to_string(kMax16) + ".");
     const std::string id = std::to_string(req->tree_id());
-    const int rc = trees_.remove(std::uint16_t(req->tree_id()));
-    if (rc == -ENOENT) {
+    const Status st = trees_.remove(std::uint16_t(req->tree_id()));
+    if (st.code() == Code::not_found) {
       log("cannot remove tree " + id + ": not installed");
       return {grpc::StatusCode::NOT_FOUND, "Tree " + id + " is not installed on " + name_ + "."};
     }
-    if (rc != 0)
-      return {grpc::StatusCode::INTERNAL, "Switch " + name_ + " failed to remove tree " + id +
-                                              " (errno " + std::to_string(-rc) + ")."};
+    if (!st.ok())
+      return {static_cast<grpc::StatusCode>(st.code()),
+              st.message().empty() ? "Switch " + name_ + " failed to remove tree " + id + "."
+                                   : st.message()};
     return grpc::Status::OK;
   }
 
@@ -169,6 +147,29 @@ class Service final : public pb::SwitchAgent::Service {
   }
 
  private:
+  /// The TreeControl's answer as a gRPC status (the codes share their numbering), with a
+  /// sentence of its own when the answer has none.
+  grpc::Status install_status(const Status& st, const std::string& id) const {
+    if (st.ok()) return grpc::Status::OK;
+    if (!st.message().empty()) return {static_cast<grpc::StatusCode>(st.code()), st.message()};
+    std::string sentence;
+    switch (st.code()) {
+      case Code::already_exists:
+        sentence = "Tree " + id + " is installed with another configuration.";
+        break;
+      case Code::invalid_argument:
+        sentence = "Switch " + name_ + " refused the configuration of tree " + id + ".";
+        break;
+      case Code::resource_exhausted:
+        sentence = "Switch " + name_ + " has no memory left for tree " + id + ".";
+        break;
+      default:
+        sentence = "Switch " + name_ + " failed to install tree " + id + " (" +
+                   std::string(code_name(st.code())) + ").";
+    }
+    return {static_cast<grpc::StatusCode>(st.code()), sentence};
+  }
+
   grpc::Status check_switch(const std::string& asked) const {
     if (asked == name_) return grpc::Status::OK;
     return invalid("This agent serves switch '" + name_ + "', not '" + asked + "'.");

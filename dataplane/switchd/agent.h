@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "treeduce/common/status.h"
 #include "treeduce/dataplane/core.h"
+#include "treeduce/protocol/tree.h"
 
 namespace treeduce::switchd {
 
@@ -24,11 +26,12 @@ namespace treeduce::switchd {
 class TreeControl {
  public:
   virtual ~TreeControl() = default;
-  /// 0, or a negative errno: -EEXIST (id in use with another config; an identical re-install
-  /// returns 0), -EINVAL (config refused; `*why` says why), -ENOMEM.
-  virtual int install(const dp::TreeConfig& t, const std::string& job, std::string* why) = 0;
-  /// 0 or -ENOENT.
-  virtual int remove(std::uint16_t tree_id) = 0;
+  /// Ok (an identical re-install too), or: already_exists (the id is in use with another
+  /// configuration), invalid_argument (the configuration is refused), resource_exhausted (no
+  /// memory for its slots); the sentence says why.
+  virtual Status install(const proto::TreeConfig& t, const std::string& job) = 0;
+  /// Ok, or not_found when no tree has the id.
+  virtual Status remove(std::uint16_t tree_id) = 0;
 };
 
 /// Limits advertised to the manager at registration (manager.proto Resources).

@@ -11,6 +11,9 @@
 ///
 /// The control side (gRPC agent, static config, telemetry, a neighbour thread) changes trees and
 /// the neighbour table through RCU: publish, rte_rcu_qsbr_synchronize, free.
+///
+/// This is the façade; the parts (ports, worker, neighbours, trees) are listed in
+/// datapath_impl.h.
 #pragma once
 
 #include <atomic>
@@ -28,9 +31,10 @@ extern std::atomic<bool> g_stop;
 
 class Switch final : public TreeControl {
  public:
-  /// Sets up ports, pools, rings, RCU and cores after rte_eal_init(); nullptr and one sentence
-  /// in `*error` when a port is missing or cannot be configured as asked.
-  static std::unique_ptr<Switch> create(const SwitchConfig& cfg, std::string* error);
+  /// Sets up ports, pools, rings, RCU and cores after rte_eal_init(), and installs the static
+  /// trees; one sentence when a port is missing or cannot be configured as asked, the EAL has
+  /// not the memory, or a static tree is refused.
+  static Result<std::unique_ptr<Switch>> create(const SwitchConfig& cfg);
   ~Switch() override;
   Switch(const Switch&) = delete;
   Switch& operator=(const Switch&) = delete;
@@ -40,8 +44,8 @@ class Switch final : public TreeControl {
   /// destroyed, after the final counters are read).
   void run();
 
-  int install(const dp::TreeConfig& t, const std::string& job, std::string* why) override;
-  int remove(std::uint16_t tree_id) override;
+  Status install(const proto::TreeConfig& t, const std::string& job) override;
+  Status remove(std::uint16_t tree_id) override;
 
   Snapshot snapshot() const;
 

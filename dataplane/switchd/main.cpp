@@ -16,6 +16,7 @@
 #include "datapath.h"
 
 using namespace treeduce::switchd;
+using treeduce::Result;
 
 namespace {
 
@@ -81,10 +82,11 @@ int main(int argc, char** argv) {
   int rc = 0;
   {
     std::string error;
-    std::unique_ptr<Switch> sw = Switch::create(cfg, &error);
-    if (!sw) {
-      rc = fail(error, 1);
+    Result<std::unique_ptr<Switch>> created = Switch::create(cfg);
+    if (!created.ok()) {
+      rc = fail(created.status().message(), 1);
     } else {
+      std::unique_ptr<Switch>& sw = *created;
       register_telemetry(sw.get());
       std::unique_ptr<MetricsServer> metrics;
       if (!cfg.metrics_listen.empty()) {

@@ -21,7 +21,7 @@
 #include <sstream>
 #include <vector>
 
-#include "treeduce/dataplane/dpdk_quirks.h"
+#include "treeduce/dpdk/port.h"
 #include "treeduce/protocol/wire.h"
 
 namespace treeduce::host {
@@ -47,10 +47,6 @@ bool parse_mac(const std::string& s, std::uint8_t out[6]) {
   return true;
 }
 
-std::string rc_sentence(const std::string& what, int rc) {
-  return what + " (" + rte_strerror(rc < 0 ? -rc : rc) + ").";
-}
-
 class DpdkTransport final : public Transport {
  public:
   static constexpr std::size_t kBatch = 64;
@@ -74,10 +70,9 @@ class DpdkTransport final : public Transport {
   }
 
   std::string open(const DpdkTransportOptions& opt) {
-    if (rte_eth_dev_get_port_by_name(opt.port_name.c_str(), &port_) != 0) {
-      return "There is no DPDK port '" + opt.port_name +
-             "' (the process must initialise the EAL with it first, e.g. --vdev=net_memif0,...).";
-    }
+    treeduce::Result<std::uint16_t> port = dpdk::find_port(opt.port_name);
+    if (!port.ok()) return port.status().message();
+    port_ = *port;
     in_addr a{};
     if (inet_pton(AF_INET, opt.local_address.c_str(), &a) != 1) {
       return "The local address '" + opt.local_address + "' is not an IPv4 address.";
@@ -104,71 +99,21 @@ class DpdkTransport final : public Transport {
     payload_bytes_ = opt.payload_bytes;
     datagram_bytes_ = sizeof(proto::TdHdr) + opt.payload_bytes;
 
-    rte_eth_dev_info info;
-    if (int rc = rte_eth_dev_info_get(port_, &info); rc != 0) {
-      return rc_sentence("Cannot read the device info of DPDK port '" + opt.port_name + "'", rc);
-    }
-    // One mbuf holds a whole frame of the largest payload (plus CRC room), so neither side chains.
-    const std::size_t frame_room = std::max<std::size_t>(
-        RTE_MBUF_DEFAULT_DATAROOM, kL2L4Bytes + datagram_bytes_ + RTE_ETHER_CRC_LEN);
-    const auto room = static_cast<std::uint16_t>(RTE_PKTMBUF_HEADROOM + frame_room);
-    const int socket =
-        rte_eth_dev_socket_id(port_) < 0 ? SOCKET_ID_ANY : rte_eth_dev_socket_id(port_);
-    const std::string serial = std::to_string(g_pool_serial.fetch_add(1));
-    // Pool names are global to the EAL: a serial keeps successive transports apart.
-    // A per-lcore cache of at most an eighth of the pool (the mempool wants n >= 1.5 x cache).
-    const unsigned cache = std::min(256u, opt.mbufs / 8);
-    tx_pool_ =
-        rte_pktmbuf_pool_create(("tdh_tx" + serial).c_str(), opt.mbufs, cache, 0, room, socket);
-    rx_pool_ =
-        rte_pktmbuf_pool_create(("tdh_rx" + serial).c_str(), opt.mbufs, cache, 0, room, socket);
-    if (tx_pool_ == nullptr || rx_pool_ == nullptr) {
-      return rc_sentence("Cannot create the DPDK transport's mbuf pools of " +
-                             std::to_string(opt.mbufs) + " mbufs",
-                         rte_errno);
-    }
-    dp::prefault_mempool(tx_pool_);
-    dp::prefault_mempool(rx_pool_);
+    treeduce::Result<rte_eth_dev_info> info = dpdk::device_info(port_, opt.port_name);
+    if (!info.ok()) return info.status().message();
+    if (std::string err = create_pools(opt); !err.empty()) return err;
 
+    dpdk::PortRequest req;
+    req.name = opt.port_name;
+    req.rx_desc = opt.rx_desc;
+    req.tx_desc = opt.tx_desc;
     // The MTU: the port's own, raised to what the payload size needs.
-    std::uint16_t mtu = RTE_ETHER_MTU;
-    if (rte_eth_dev_get_mtu(port_, &mtu) != 0) mtu = RTE_ETHER_MTU;
-    const std::size_t need = kL3Overhead + opt.payload_bytes;
-    if (need > mtu) mtu = static_cast<std::uint16_t>(need);
-    rte_eth_conf conf{};
-    conf.rxmode.mtu = dp::configurable_mtu(info.driver_name, info.max_rx_pktlen, mtu);
-    if (int rc = rte_eth_dev_configure(port_, 1, 1, &conf); rc != 0) {
-      return rc_sentence("DPDK port '" + opt.port_name +
-                             "' refused one RX and one TX queue with MTU " + std::to_string(mtu),
-                         rc);
-    }
-    std::uint16_t rxd = opt.rx_desc, txd = opt.tx_desc;
-    rte_eth_dev_adjust_nb_rx_tx_desc(port_, &rxd, &txd);
-    if (int rc =
-            rte_eth_rx_queue_setup(port_, 0, rxd, static_cast<unsigned>(socket), nullptr, rx_pool_);
-        rc != 0) {
-      return rc_sentence("RX queue set-up failed on DPDK port '" + opt.port_name + "'", rc);
-    }
-    rte_eth_txconf txc = info.default_txconf;
-    txc.offloads = 0;
-    if (int rc = rte_eth_tx_queue_setup(port_, 0, txd, static_cast<unsigned>(socket), &txc);
-        rc != 0) {
-      return rc_sentence("TX queue set-up failed on DPDK port '" + opt.port_name + "'", rc);
-    }
-    rte_ether_addr mac;
-    if (opt.local_mac.empty()) {
-      if (int rc = rte_eth_macaddr_get(port_, &mac); rc != 0) {
-        return rc_sentence("Cannot read the MAC of DPDK port '" + opt.port_name + "'", rc);
-      }
-      std::memcpy(self_.mac, mac.addr_bytes, 6);
-    } else {
-      std::memcpy(mac.addr_bytes, self_.mac, 6);
-      // A PMD that cannot take another MAC still receives it in promiscuous mode.
-      if (rte_eth_dev_default_mac_addr_set(port_, &mac) != 0) rte_eth_promiscuous_enable(port_);
-    }
-    if (int rc = rte_eth_dev_start(port_); rc != 0) {
-      return rc_sentence("DPDK port '" + opt.port_name + "' did not start", rc);
-    }
+    req.min_mtu = static_cast<std::uint16_t>(kL3Overhead + opt.payload_bytes);
+    req.rx_pool = rx_pool_;
+    if (!opt.local_mac.empty()) req.mac = std::to_array(self_.mac);
+    treeduce::Result<dpdk::PortUp> up = dpdk::start_port(port_, *info, req);
+    if (!up.ok()) return up.status().message();
+    std::memcpy(self_.mac, up->mac.data(), 6);
     started_ = true;
     rx_buf_.resize(kBatch * datagram_bytes_);
     scratch_.resize(proto::kMaxFrameBytes);
@@ -211,6 +156,26 @@ class DpdkTransport final : public Transport {
   }
 
  private:
+  // The TX and RX pools: one mbuf holds a whole frame of the largest payload (plus CRC room), so
+  // neither side chains.
+  std::string create_pools(const DpdkTransportOptions& opt) {
+    const std::size_t frame_room = std::max<std::size_t>(
+        RTE_MBUF_DEFAULT_DATAROOM, kL2L4Bytes + datagram_bytes_ + RTE_ETHER_CRC_LEN);
+    const auto room = static_cast<std::uint16_t>(RTE_PKTMBUF_HEADROOM + frame_room);
+    const int socket = dpdk::port_socket(port_);
+    // Pool names are global to the EAL: a serial keeps successive transports apart.
+    const std::string serial = std::to_string(g_pool_serial.fetch_add(1));
+    // A per-lcore cache of at most an eighth of the pool (the mempool wants n >= 1.5 x cache).
+    const unsigned cache = std::min(256u, opt.mbufs / 8);
+    for (auto [name, pool] : {std::pair{"tdh_tx", &tx_pool_}, std::pair{"tdh_rx", &rx_pool_}}) {
+      treeduce::Result<rte_mempool*> mp =
+          dpdk::create_pool(name + serial, opt.mbufs, cache, room, socket);
+      if (!mp.ok()) return mp.status().message();
+      *pool = *mp;
+    }
+    return {};
+  }
+
   std::string send_batch(const OutPacket* p, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
       if (p[i].payload_len > payload_bytes_) {

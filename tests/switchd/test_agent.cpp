@@ -33,22 +33,20 @@ class FakeTrees final : public TreeControl {
     dp::TreeConfig cfg;
     std::string job;
   };
-  int install(const dp::TreeConfig& t, const std::string& job, std::string* why) override {
+  treeduce::Status install(const dp::TreeConfig& t, const std::string& job) override {
     std::lock_guard l(mu_);
     installs_.push_back({t, job});
-    *why = why_;
-    return install_rc_;
+    return install_answer_;
   }
-  int remove(std::uint16_t tree_id) override {
+  treeduce::Status remove(std::uint16_t tree_id) override {
     std::lock_guard l(mu_);
     removes_.push_back(tree_id);
-    return remove_rc_;
+    return remove_answer_;
   }
-  void answer(int install_rc, int remove_rc, std::string why = "") {
+  void answer(treeduce::Status install, treeduce::Status remove) {
     std::lock_guard l(mu_);
-    install_rc_ = install_rc;
-    remove_rc_ = remove_rc;
-    why_ = std::move(why);
+    install_answer_ = std::move(install);
+    remove_answer_ = std::move(remove);
   }
   std::vector<Install> installs() {
     std::lock_guard l(mu_);
@@ -63,8 +61,7 @@ class FakeTrees final : public TreeControl {
   std::mutex mu_;
   std::vector<Install> installs_;
   std::vector<std::uint16_t> removes_;
-  int install_rc_ = 0, remove_rc_ = 0;
-  std::string why_;
+  treeduce::Status install_answer_, remove_answer_;
 };
 
 template <typename Pred>
@@ -243,42 +240,54 @@ TEST_F(Direct, EveryRoleMapsToItsOwn) {
   }
 }
 
-TEST_F(Direct, ErrnosBecomeStatusCodes) {
-  trees.answer(-EEXIST, 0);
+TEST_F(Direct, TreeControlStatusesBecomeGrpcStatuses) {
+  using treeduce::Code;
+  using treeduce::Status;
+  const Status ok;
   auto m = full_install();
   m.set_tree_id(7);
+  // The TreeControl's sentence reaches the manager unchanged, under the same code.
+  trees.answer(Status(Code::already_exists, "Tree 7 is installed with another configuration."), ok);
   grpc::Status s = install(m);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_EQ(s.error_message(), "Tree 7 is installed with another configuration.");
 
-  trees.answer(-EINVAL, 0, "A window of 3 slots is not a power of two.");
+  trees.answer(Status(Code::invalid_argument, "A window of 3 slots is not a power of two."), ok);
   s = install(m);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message(), "A window of 3 slots is not a power of two.");
 
-  trees.answer(-EINVAL, 0);  // a refusal without a reason still gets a sentence
-  s = install(m);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("tree 7"), std::string::npos) << s.error_message();
-
-  trees.answer(-ENOMEM, 0);
+  trees.answer(Status(Code::resource_exhausted, "tree 7: no memory for its slots."), ok);
   s = install(m);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_NE(s.error_message().find("tree 7"), std::string::npos) << s.error_message();
+  EXPECT_EQ(s.error_message(), "tree 7: no memory for its slots.");
 
-  trees.answer(-EIO, -EIO);
+  // An answer without a sentence still gets one, naming the tree.
+  for (auto [code, want] :
+       {std::pair{Code::already_exists, grpc::StatusCode::ALREADY_EXISTS},
+        std::pair{Code::invalid_argument, grpc::StatusCode::INVALID_ARGUMENT},
+        std::pair{Code::resource_exhausted, grpc::StatusCode::RESOURCE_EXHAUSTED},
+        std::pair{Code::internal, grpc::StatusCode::INTERNAL}}) {
+    trees.answer(Status(code, ""), ok);
+    s = install(m);
+    EXPECT_EQ(s.error_code(), want) << s.error_message();
+    EXPECT_NE(s.error_message().find("ree 7"), std::string::npos) << s.error_message();
+  }
+
+  trees.answer(Status(Code::internal, "The core is on fire."),
+               Status(Code::internal, "The core is on fire."));
   EXPECT_EQ(install(m).error_code(), grpc::StatusCode::INTERNAL);
   EXPECT_EQ(remove("leaf0", 7).error_code(), grpc::StatusCode::INTERNAL);
 
-  trees.answer(0, -ENOENT);
+  trees.answer(ok, Status(Code::not_found, "Tree 7 is not installed."));
   s = remove("leaf0", 7);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(s.error_message(), "Tree 7 is not installed on leaf0.");
 
-  trees.answer(0, 0);
+  trees.answer(ok, ok);
   EXPECT_TRUE(remove("leaf0", 65535).ok());
   EXPECT_EQ(trees.removes(), (std::vector<std::uint16_t>{7, 7, 65535}));
-  EXPECT_EQ(trees.installs().size(), 5u);
+  EXPECT_EQ(trees.installs().size(), 8u);
 }
 
 TEST_F(Direct, AnotherSwitchsTreeIsRefused) {

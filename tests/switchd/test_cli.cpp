@@ -62,7 +62,7 @@ TEST(SwitchCli, MissingPortNamesTheProbedOnes) {
   const Outcome r = run("@EAL --vdev=net_null0 -- --data 10.0.0.1 --port net_memif7 --metrics off");
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(last_line(r.out),
-            "treeduce-switch: port 'net_memif7' is not a DPDK device (probed: net_null0).");
+            "treeduce-switch: There is no DPDK port 'net_memif7' (the EAL probed net_null0).");
 }
 
 TEST(SwitchCli, LcoreTheEalWasNotGiven) {

@@ -1,5 +1,6 @@
-// What DPDK 22.11 says and what it does, where the two differ. Used by the switch daemon and by
-// libtreeduce's DPDK transport when they set up pools and ports.
+/// @file
+/// What DPDK 22.11 says and what it does, where the two differ. Used by port.cpp when it brings
+/// up ports and pools for the switch daemon and for libtreeduce's DPDK transport.
 #pragma once
 
 #include <rte_mempool.h>
@@ -7,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace treeduce::dp {
+namespace treeduce::dpdk {
 
 /// net_af_packet and net_memif advertise 1518-byte frames (max_rx_pktlen), so ethdev refuses a
 /// larger MTU, yet carry longer ones: af_packet up to its ring frame (framesz=), memif in
@@ -37,4 +38,4 @@ inline void prefault_mempool(rte_mempool* mp) {
       nullptr);
 }
 
-}  // namespace treeduce::dp
+}  // namespace treeduce::dpdk

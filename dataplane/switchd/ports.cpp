@@ -1,0 +1,143 @@
+// treeduce-switch's ports: the mbuf pools, each port brought up (treeduce/dpdk/port.h) with one TX
+// queue per worker and up to one RX queue per worker, the workers' TX buffers, and the ports'
+// stop and counters.
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+
+#include <algorithm>
+
+#include "datapath_impl.h"
+#include "treeduce/dpdk/port.h"
+
+namespace treeduce::switchd {
+
+Status Switch::Impl::create_pools() {
+  const int socket = static_cast<int>(rte_socket_id());
+  // Pools: frames, headers and indirect mbufs, each with a per-lcore cache. The frame pool holds
+  // at least what the queues can keep (every RX descriptor holds an mbuf all the time; a full TX
+  // ring holds as many) and the lcore caches, or RX would stall silently under load.
+  const std::uint32_t held =
+      static_cast<std::uint32_t>(cfg.ports.size()) * n_workers * (cfg.rx_desc + cfg.tx_desc) +
+      n_workers * 2 * 256 + 1024;
+  const std::uint32_t nb = std::max(cfg.mbufs, held);
+  if (nb > cfg.mbufs)
+    log("%u mbufs per pool: the queues of %u lcore(s) can hold that many", nb, n_workers);
+  const struct {
+    const char* name;
+    std::uint16_t room;
+    rte_mempool** out;
+  } pools[] = {{"td_frames", RTE_PKTMBUF_HEADROOM + kFrameRoom, &pool},
+               {"td_hdrs", RTE_PKTMBUF_HEADROOM + 128, &hdr_pool},
+               {"td_indirect", 0, &ind_pool}};
+  for (const auto& p : pools) {
+    Result<rte_mempool*> mp = dpdk::create_pool(p.name, nb, 256, p.room, socket);
+    if (!mp.ok()) return mp.status();
+    *p.out = *mp;
+  }
+  return Status::Ok();
+}
+
+Status Switch::Impl::setup_ports() {
+  for (const PortConfig& pc : cfg.ports) {
+    if (Status st = setup_port(pc); !st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+/// Brings up one port: as many RX queues as workers (or as the PMD has), one TX queue per worker,
+/// multi-segment TX where the PMD takes it (multicast then chains a shared payload).
+Status Switch::Impl::setup_port(const PortConfig& pc) {
+  const auto nq = static_cast<std::uint16_t>(n_workers);  // TX queues: one per worker
+  Port p;
+  p.cfg = pc;
+  Result<std::uint16_t> id = dpdk::find_port(pc.name);
+  if (!id.ok()) return id.status();
+  p.id = *id;
+  Result<rte_eth_dev_info> info = dpdk::device_info(p.id, pc.name);
+  if (!info.ok()) return info.status();
+  if (info->max_tx_queues < nq) {
+    return failed_precondition("port '" + pc.name + "' has " + std::to_string(info->max_tx_queues) +
+                               " TX queues but " + std::to_string(nq) +
+                               " datapath lcores need one each (give the PMD more queues, or "
+                               "fewer lcores).");
+  }
+  dpdk::PortRequest req;
+  req.name = pc.name;
+  req.rx_queues = nq;
+  req.tx_queues = nq;
+  req.rx_desc = static_cast<std::uint16_t>(cfg.rx_desc);
+  req.tx_desc = static_cast<std::uint16_t>(cfg.tx_desc);
+  req.mtu = static_cast<std::uint16_t>(pc.mtu);
+  req.rx_pool = pool;
+  req.rx_frame_room = kFrameRoom;
+  req.multi_seg_tx = true;
+  req.mac = pc.mac;
+  Result<dpdk::PortUp> up = dpdk::start_port(p.id, *info, req);
+  if (!up.ok()) return up.status();
+  if (up->configured_mtu != up->mtu) {
+    log("port '%s': %s advertises %u-byte frames but carries longer ones: MTU %u configured, "
+        "frames up to MTU %u pass",
+        pc.name.c_str(), info->driver_name, info->max_rx_pktlen, unsigned(up->configured_mtu),
+        unsigned(up->mtu));
+  }
+  p.rx_queues = up->rx_queues;
+  p.chain = up->multi_seg_tx;
+  std::memcpy(p.self.mac, up->mac.data(), 6);
+  p.self.ip = pc.ip;
+  p.loss_threshold =
+      pc.rx_loss >= 1 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(pc.rx_loss * 0x1p64);
+  const auto idx = static_cast<std::uint16_t>(ports.size());
+  port_index[p.id] = idx;
+  ports.push_back(p);
+  if (Status st = attach_port(idx, dpdk::port_socket(p.id)); !st.ok()) return st;
+  log("port %s (id %u): %s/%u, MAC %s, %u RX queue(s), %s", pc.name.c_str(), p.id,
+      format_ipv4(pc.ip).c_str(), pc.prefix, format_mac(p.self.mac).c_str(), p.rx_queues,
+      p.chain ? "multicast chains a shared payload" : "multicast copies the payload");
+  return Status::Ok();
+}
+
+/// Gives every worker the port at `idx`: its RX queue (worker i polls queue i, if there is one)
+/// and a TX buffer for its TX queue.
+Status Switch::Impl::attach_port(std::uint16_t idx, int socket) {
+  const Port& p = ports[idx];
+  for (auto& w : workers) {
+    w->rxq[idx] = w->index < p.rx_queues ? static_cast<std::uint16_t>(w->index) : kNoQueue;
+    w->txbuf[idx] = static_cast<rte_eth_dev_tx_buffer*>(
+        rte_zmalloc_socket("td_txbuf", RTE_ETH_TX_BUFFER_SIZE(kMaxBurst), 0, socket));
+    if (w->txbuf[idx] == nullptr) return resource_exhausted("cannot allocate TX buffers.");
+    rte_eth_tx_buffer_init(w->txbuf[idx], cfg.burst);
+    rte_eth_tx_buffer_set_err_callback(w->txbuf[idx], rte_eth_tx_buffer_count_callback,
+                                       &w->tx_dropped[idx]);
+  }
+  return Status::Ok();
+}
+
+void Switch::Impl::stop_ports() {
+  for (const Port& p : ports) {
+    rte_eth_dev_stop(p.id);
+    rte_eth_dev_close(p.id);
+  }
+}
+
+std::vector<PortStats> Switch::Impl::port_stats() const {
+  std::vector<PortStats> out;
+  for (const Port& p : ports) {
+    PortStats ps;
+    ps.name = p.cfg.name;
+    ps.port_id = p.id;
+    rte_eth_stats st;
+    if (rte_eth_stats_get(p.id, &st) == 0) {
+      ps.rx_packets = st.ipackets;
+      ps.rx_bytes = st.ibytes;
+      ps.tx_packets = st.opackets;
+      ps.tx_bytes = st.obytes;
+      ps.rx_missed = st.imissed;
+      ps.rx_errors = st.ierrors;
+      ps.tx_errors = st.oerrors;
+    }
+    out.push_back(std::move(ps));
+  }
+  return out;
+}
+
+}  // namespace treeduce::switchd
