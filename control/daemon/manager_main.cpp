@@ -73,14 +73,15 @@ int main(int argc, char** argv) {
     std::cerr << "treeduce-manager: cannot listen on " << listen << "\n";
     return 1;
   }
-  std::cerr << "treeduce-manager: " << topo->switches.size() << " switches, " << topo->hosts.size()
-            << " hosts; listening on port " << server.port() << "\n";
   if (!port_file.empty()) {
-    // Written to a temporary name and renamed, so a reader never sees half a number.
+    // Written to a temporary name and renamed, so a reader never sees half a number; before the
+    // "listening" line, so a reader that waits for the line finds the file.
     std::string tmp = port_file + ".tmp";
     std::ofstream(tmp) << server.port() << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
+  std::cerr << "treeduce-manager: " << topo->switches.size() << " switches, " << topo->hosts.size()
+            << " hosts; listening on port " << server.port() << "\n";
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
