@@ -324,20 +324,12 @@ struct Daemon {
     fs::remove(pf);
     pid = fork();
     if (pid == 0) {
-      std::vector<const char*> argv = {"treeduce-manager",
-                                       "--topology",
-                                       yaml.c_str(),
-                                       "--listen",
-                                       listen.c_str(),
-                                       "--port-file",
-                                       pf.c_str(),
+      std::vector<const char*> argv = {"treeduce-manager", "--topology", yaml.c_str(), "--listen",
+                                       listen.c_str(), "--port-file", pf.c_str(),
                                        // Leases on the daemon's real clock: long enough
                                        // that a loaded machine delaying heartbeats cannot
                                        // expire one during a test.
-                                       "--switch-lease-ms",
-                                       "10000",
-                                       "--restore-grace-ms",
-                                       "10000"};
+                                       "--switch-lease-ms", "10000", "--restore-grace-ms", "10000"};
       if (!db.empty()) {
         argv.push_back("--db");
         argv.push_back(db.c_str());

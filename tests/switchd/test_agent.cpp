@@ -18,10 +18,10 @@
 namespace pb = treeduce::control::v1;
 namespace ctl = treeduce::ctl;
 namespace dp = treeduce::dp;
+using std::chrono::milliseconds;
 using treeduce::switchd::Agent;
 using treeduce::switchd::AgentClock;
 using treeduce::switchd::AgentOptions;
-using std::chrono::milliseconds;
 using treeduce::switchd::TreeControl;
 
 namespace {
