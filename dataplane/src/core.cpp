@@ -442,9 +442,15 @@ std::size_t Core::on_contrib(Tree& t, const Parsed& p, Chunk& c, TxFrame* tx,
     t.accumulate[di][oi](acc, p.payload, c.count);
   }
   event(&t, Event::contrib_accepted);
-  if (!completes) return 0;
+  return completes ? complete(t, c, tx) : 0;
+}
 
-  // Complete: fold (deterministic mode), narrow once, send on.
+std::size_t Core::complete(Tree& t, Chunk& c, TxFrame* tx) noexcept {
+  // All children are in: fold (deterministic mode), narrow once, send on.
+  SlotMeta& m = *c.m;
+  const auto di = static_cast<std::size_t>(c.dtype);
+  const auto oi = static_cast<std::size_t>(c.op);
+  std::uint8_t* const acc = c.base;
   if (t.cfg.deterministic) {
     const void* ptrs[kMaxChildren];
     for (std::size_t k = 0; k < t.nchildren; ++k) {

@@ -168,14 +168,16 @@ class Core {
   struct Chunk;  // a CONTRIB's or RESULT's checked header fields and its slot version
 
   // The stages of one frame, in order (docs/switch-core.md): parse and look up, check the header
-  // against the tree, then the CONTRIB or RESULT state machine, which builds frames with
-  // send_up(), send_down() or nack(). Each returns the number of frames written to `tx`.
+  // against the tree, then the CONTRIB or RESULT state machine (complete() when a slot version
+  // has every child), which builds frames with send_up(), send_down() or refuse(). Each returns the
+  // number of frames written to `tx`.
   std::size_t handle(const std::uint8_t* data, std::size_t len, TxFrame* tx, std::size_t tx_room,
                      bool* consumed) noexcept;
   [[gnu::always_inline]] inline DropReason check_chunk(const Tree& t, const Parsed& p,
                                                        Chunk* c) noexcept;
   [[gnu::always_inline]] inline std::size_t on_contrib(Tree& t, const Parsed& p, Chunk& c,
                                                        TxFrame* tx, bool* consumed) noexcept;
+  [[gnu::always_inline]] inline std::size_t complete(Tree& t, Chunk& c, TxFrame* tx) noexcept;
   [[gnu::always_inline]] inline std::size_t on_result(Tree& t, const Parsed& p, Chunk& c,
                                                       TxFrame* tx, bool* consumed) noexcept;
   [[gnu::always_inline]] inline std::size_t send_up(Tree& t, const Chunk& c, TxFrame* tx) noexcept;
