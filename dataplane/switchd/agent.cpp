@@ -31,18 +31,6 @@ grpc::Status invalid(const std::string& sentence) {
   return {grpc::StatusCode::INVALID_ARGUMENT, sentence};
 }
 
-const char* role_name(dp::Role r) {
-  switch (r) {
-    case dp::Role::leaf:
-      return "leaf";
-    case dp::Role::inner:
-      return "inner";
-    case dp::Role::root:
-      return "root";
-  }
-  return "?";
-}
-
 /// Checks every value that is narrowed on the way into dp::TreeConfig, so a manager bug shows up
 /// as a refusal instead of a silently different tree.
 grpc::Status to_config(const pb::TreeInstall& p, dp::TreeConfig* c) {
@@ -117,8 +105,9 @@ class Service final : public pb::SwitchAgent::Service {
     const grpc::Status out = install_status(trees_.install(c, req->job()), id);
     // Installs and removals are logged by the TreeControl, static trees alike; refusals here.
     if (!out.ok()) {
-      log("refused tree " + id + " of job '" + req->job() + "' as " + role_name(c.role) + " with " +
-          std::to_string(c.children.size()) + " children: " + out.error_message());
+      log("refused tree " + id + " of job '" + req->job() + "' as " +
+          std::string(proto::name(c.role)) + " with " + std::to_string(c.children.size()) +
+          " children: " + out.error_message());
     }
     return out;
   }

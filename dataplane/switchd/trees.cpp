@@ -5,14 +5,6 @@
 
 namespace treeduce::switchd {
 
-namespace {
-
-const char* role_name(proto::Role r) {
-  return r == proto::Role::root ? "root" : r == proto::Role::inner ? "inner" : "leaf";
-}
-
-}  // namespace
-
 Status Switch::install(const proto::TreeConfig& t, const std::string& job) {
   Impl& s = *impl_;
   std::lock_guard l(s.mu);
@@ -26,7 +18,7 @@ Status Switch::install(const proto::TreeConfig& t, const std::string& job) {
   s.jobs[t.tree_id] = job;
   s.want_next_hops(t);
   log("tree %u installed (job '%s', %s, %zu children, %u slots x %u B%s)", t.tree_id, job.c_str(),
-      role_name(t.role), t.children.size(), t.slots, t.payload_bytes,
+      std::string(proto::name(t.role)).c_str(), t.children.size(), t.slots, t.payload_bytes,
       t.deterministic ? ", deterministic" : "");
   return Status::Ok();
 }
