@@ -4,10 +4,10 @@
 /// docs/protocol.md is the normative description; this file must agree with it. One packed struct
 /// per header (as in DPDK lib/net/rte_udp.h); every multi-byte field is a big-endian type (be16,
 /// be32, be64) that is read with get() and written with set(), so a field can neither be used
-/// without its conversion nor converted twice. Frames are byte arrays
-/// of unknown alignment, so headers are copied in and out with std::memcpy (load_header /
-/// store_header) rather than cast: no alignment or aliasing questions, and the compiler turns a
-/// 32-byte memcpy into two vector moves.
+/// without its conversion nor converted twice. Frames are byte arrays of unknown alignment, so
+/// headers are copied in and out with std::memcpy (load_header / store_header) rather than cast:
+/// no alignment or aliasing questions, and the compiler turns a 32-byte memcpy into two vector
+/// moves.
 #pragma once
 
 #include <bit>
