@@ -75,10 +75,12 @@ class GrpcManagerClient final : public ManagerClient {
  public:
   explicit GrpcManagerClient(const std::string& address) : address_(address) {
     // A restarted manager must see this rank's heartbeats again well within its restore grace
-    // (15 s): gRPC's default reconnect backoff grows to 120 s.
+    // (15 s): gRPC's default reconnect backoff grows to 120 s. The "min" backoff is also how
+    // long one connection attempt may take (gRPC's min_connect_timeout): at 100 ms, Joins on a
+    // busy machine failed with "tcp handshaker shutdown" against a manager that was up.
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     stub_ = pb::JobService::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
