@@ -60,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   tc.slots = 1u << ((sel >> 3) & 3);
   tc.role = (sel & 0x20) != 0 ? Role::root : Role::inner;
-  tc.parent = parent;
+  if (tc.role != Role::root) tc.parent = parent;  // a root has no parent (proto::validate_tree)
   tc.deterministic = (sel & 0x40) != 0;
   tc.payload_bytes = 256;
   // One core for the whole run (its tree table is 512 KiB); each input installs its tree and
@@ -68,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static Core core(CoreConfig{self});
   static std::vector<TxFrame> tx(kMaxChildren);
   static std::vector<std::uint8_t> f(kMaxFrameBytes + 64);
-  check(core.install_tree(tc) == 0);
+  check(core.install_tree(tc).ok());
 
   const auto structured = [&](Opcode oc, std::uint16_t child, std::uint32_t chunk,
                               std::uint32_t seq, std::uint16_t count, DType d, Reader& in,
@@ -80,7 +80,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     h.opcode = static_cast<std::uint8_t>(oc);
     h.dtype = static_cast<std::uint8_t>(d);
     h.tree_id.set(tc.tree_id);
-    h.child.set(child);
+    // A well-formed RESULT names the receiver's index at its parent.
+    h.child.set(oc == Opcode::result ? tc.index_at_parent : child);
     h.slot.set(static_cast<std::uint16_t>(chunk & (tc.slots - 1)));
     h.slot_ver = static_cast<std::uint8_t>((chunk >> std::countr_zero(tc.slots)) & 1);
     h.count.set(count);
@@ -128,8 +129,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       }
       default:
-        check(core.remove_tree(tc.tree_id) == 0);
-        check(core.install_tree(tc) == 0);
+        check(core.remove_tree(tc.tree_id).ok());
+        check(core.install_tree(tc).ok());
         continue;
     }
     RxFrame rx{f.data(), len};
@@ -163,6 +164,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     }
   }
-  check(core.remove_tree(tc.tree_id) == 0);
+  check(core.remove_tree(tc.tree_id).ok());
   return 0;
 }
