@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/test_eal.h"
 #include "treeduce/dpdk/port.h"
 #include "treeduce/dpdk/quirks.h"
 
@@ -75,39 +76,12 @@ TEST(Port, APoolTheEalCannotHoldIsOneSentence) {
       << pool.status().message();
 }
 
-int first_cpu() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &set)) return c;
-    }
-  }
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  const std::vector<std::string> eal = {argv[0],
-                                        "-l",
-                                        std::to_string(first_cpu()),
-                                        "--no-huge",
-                                        "-m",
-                                        "128",
-                                        "--no-pci",
-                                        "--no-telemetry",
-                                        "--file-prefix=tddpdkport" + std::to_string(getpid()),
-                                        "--log-level=lib.eal:warning",
-                                        "--vdev=net_null0",
-                                        "--vdev=net_ring0"};
-  std::vector<char*> eargv;
-  for (const std::string& s : eal) eargv.push_back(const_cast<char*>(s.c_str()));
-  if (rte_eal_init(static_cast<int>(eargv.size()), eargv.data()) < 0) {
-    std::fprintf(stderr, "EAL initialisation failed\n");
+  if (!treeduce::test_support::init_test_eal(argv[0], "tddpdkport", {"net_null0", "net_ring0"}))
     return 1;
-  }
   const int rc = RUN_ALL_TESTS();
   rte_eal_cleanup();
   return rc;

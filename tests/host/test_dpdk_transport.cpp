@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/test_eal.h"
 #include "dpdk_transport.h"
 #include "treeduce/protocol/wire.h"
 
@@ -369,37 +370,9 @@ TEST(DpdkTransport, WakeEndsABlockedReceive) {
 }  // namespace
 }  // namespace treeduce::host
 
-// The first CPU this process may run on: the EAL's one lcore.
-int first_cpu() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &set)) return c;
-    }
-  }
-  return 0;
-}
-
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  const std::vector<std::string> eal = {argv[0],
-                                        "-l",
-                                        std::to_string(first_cpu()),
-                                        "--no-huge",
-                                        "-m",
-                                        "128",
-                                        "--no-pci",
-                                        "--no-telemetry",
-                                        "--file-prefix=tdhostdpdk" + std::to_string(getpid()),
-                                        "--log-level=lib.eal:warning",
-                                        "--vdev=net_ring0"};
-  std::vector<char*> eargv;
-  for (const std::string& s : eal) eargv.push_back(const_cast<char*>(s.c_str()));
-  if (rte_eal_init(static_cast<int>(eargv.size()), eargv.data()) < 0) {
-    std::fprintf(stderr, "EAL initialisation failed\n");
-    return 1;
-  }
+  if (!treeduce::test_support::init_test_eal(argv[0], "tdhostdpdk", {"net_ring0"})) return 1;
   treeduce::host::g_inject_pool =
       rte_pktmbuf_pool_create("test_inject", 511, 0, 0, RTE_MBUF_DEFAULT_BUF_SIZE, SOCKET_ID_ANY);
   if (treeduce::host::g_inject_pool == nullptr) {
