@@ -340,7 +340,7 @@ std::size_t Core::handle(const std::uint8_t* data, std::size_t len, TxFrame* tx,
   return n;
 }
 
-DropReason Core::check_chunk(const Tree& t, const Parsed& p, Chunk* c) noexcept {
+DropReason Core::check_chunk(Tree& t, const Parsed& p, Chunk* c) noexcept {
   const TdHdr& h = p.td;
   if (h.key.get() != t.cfg.key) return DropReason::bad_key;
   if (h.reason != 0) return DropReason::bad_reserved;
@@ -364,7 +364,7 @@ DropReason Core::check_chunk(const Tree& t, const Parsed& p, Chunk* c) noexcept 
   c->seq = h.seq.get();
   c->full = c->plen == t.cfg.payload_bytes;
   const std::size_t si = std::size_t{local} * 2 + ver;
-  c->m = const_cast<SlotMeta*>(&t.meta[si]);
+  c->m = &t.meta[si];
   c->base = t.mem.get() + si * t.stride;
   c->hdr = &h;
   return DropReason::none;

@@ -173,8 +173,7 @@ class Core {
   // number of frames written to `tx`.
   std::size_t handle(const std::uint8_t* data, std::size_t len, TxFrame* tx, std::size_t tx_room,
                      bool* consumed) noexcept;
-  [[gnu::always_inline]] inline DropReason check_chunk(const Tree& t, const Parsed& p,
-                                                       Chunk* c) noexcept;
+  [[gnu::always_inline]] inline DropReason check_chunk(Tree& t, const Parsed& p, Chunk* c) noexcept;
   [[gnu::always_inline]] inline std::size_t on_contrib(Tree& t, const Parsed& p, Chunk& c,
                                                        TxFrame* tx, bool* consumed) noexcept;
   [[gnu::always_inline]] inline std::size_t complete(Tree& t, Chunk& c, TxFrame* tx) noexcept;
