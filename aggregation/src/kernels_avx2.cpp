@@ -172,12 +172,22 @@ TD_AVX2 void store_acc(void* acc, std::size_t i, Vec<D> v) {
   }
 }
 
-struct Avx2Impl {
+// The types and operations this path has vector code for; every other defined pair runs the
+// scalar reference.
+constexpr bool vector_type(DType d) noexcept {
+  return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::e4m3 ||
+         d == DType::e5m2 || d == DType::i32;
+}
+constexpr bool vector_op(DType d, ReduceOp o) noexcept {
+  return vector_type(d) && (o == ReduceOp::sum || o == ReduceOp::min || o == ReduceOp::max);
+}
+
+struct Avx2ImplVec {
   template <DType D>
   TD_AVX2 static void load(void* acc, const void* payload, std::size_t n) {
     std::size_t i = 0;
     for (; i + kW <= n; i += kW) store_acc<D>(acc, i, load_widen<D>(payload, i));
-    scalar::load<D>(acc, payload, i, n);
+    scalar::load<D, ReduceOp::sum>(acc, payload, i, n);
   }
   template <DType D, ReduceOp O>
   TD_AVX2 static void accumulate(void* acc, const void* payload, std::size_t n) {
@@ -203,6 +213,41 @@ struct Avx2Impl {
     std::size_t i = 0;
     for (; i + kW <= n; i += kW) store_narrow<D>(payload, i, load_acc<D>(acc, i));
     scalar::emit<D>(payload, acc, i, n);
+  }
+};
+
+struct Avx2Impl {
+  template <DType D, ReduceOp O>
+  TD_AVX2 static void load(void* acc, const void* payload, std::size_t n) {
+    if constexpr (vector_op(D, O)) {
+      Avx2ImplVec::load<D>(acc, payload, n);
+    } else {
+      scalar::load<D, O>(acc, payload, 0, n);
+    }
+  }
+  template <DType D, ReduceOp O>
+  TD_AVX2 static void accumulate(void* acc, const void* payload, std::size_t n) {
+    if constexpr (vector_op(D, O)) {
+      Avx2ImplVec::accumulate<D, O>(acc, payload, n);
+    } else {
+      scalar::accumulate<D, O>(acc, payload, 0, n);
+    }
+  }
+  template <DType D, ReduceOp O>
+  TD_AVX2 static void reduce(void* acc, const void* const* payloads, std::size_t k, std::size_t n) {
+    if constexpr (vector_op(D, O)) {
+      Avx2ImplVec::reduce<D, O>(acc, payloads, k, n);
+    } else {
+      scalar::reduce<D, O>(acc, payloads, k, 0, n);
+    }
+  }
+  template <DType D>
+  TD_AVX2 static void emit(void* payload, const void* acc, std::size_t n) {
+    if constexpr (vector_type(D)) {
+      Avx2ImplVec::emit<D>(payload, acc, n);
+    } else {
+      scalar::emit<D>(payload, acc, 0, n);
+    }
   }
 };
 

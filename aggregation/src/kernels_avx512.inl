@@ -214,8 +214,18 @@ TD_AVX512 void store_acc(void* acc, std::size_t i, Vec<D> v, __mmask16 m) {
 
 TD_AVX512 __mmask16 tail_mask(std::size_t left) { return static_cast<__mmask16>((1u << left) - 1); }
 
+// The types and operations this path has vector code for; every other defined pair runs the
+// scalar reference.
+constexpr bool vector_type(DType d) noexcept {
+  return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::e4m3 ||
+         d == DType::e5m2 || d == DType::i32;
+}
+constexpr bool vector_op(DType d, ReduceOp o) noexcept {
+  return vector_type(d) && (o == ReduceOp::sum || o == ReduceOp::min || o == ReduceOp::max);
+}
+
 // The loops: full vectors with an all-ones mask (the compiler drops it), then one masked vector.
-struct Avx512Impl {
+struct Avx512ImplVec {
   template <DType D>
   TD_AVX512 static void load(void* acc, const void* payload, std::size_t n) {
     std::size_t i = 0;
@@ -277,6 +287,42 @@ struct Avx512Impl {
     if (i < n) {
       const __mmask16 m = tail_mask(n - i);
       store_narrow<D>(payload, i, load_acc<D>(acc, i, m), m);
+    }
+  }
+};
+
+struct Avx512Impl {
+  template <DType D, ReduceOp O>
+  TD_AVX512 static void load(void* acc, const void* payload, std::size_t n) {
+    if constexpr (vector_op(D, O)) {
+      Avx512ImplVec::load<D>(acc, payload, n);
+    } else {
+      scalar::load<D, O>(acc, payload, 0, n);
+    }
+  }
+  template <DType D, ReduceOp O>
+  TD_AVX512 static void accumulate(void* acc, const void* payload, std::size_t n) {
+    if constexpr (vector_op(D, O)) {
+      Avx512ImplVec::accumulate<D, O>(acc, payload, n);
+    } else {
+      scalar::accumulate<D, O>(acc, payload, 0, n);
+    }
+  }
+  template <DType D, ReduceOp O>
+  TD_AVX512 static void reduce(void* acc, const void* const* payloads, std::size_t k,
+                               std::size_t n) {
+    if constexpr (vector_op(D, O)) {
+      Avx512ImplVec::reduce<D, O>(acc, payloads, k, n);
+    } else {
+      scalar::reduce<D, O>(acc, payloads, k, 0, n);
+    }
+  }
+  template <DType D>
+  TD_AVX512 static void emit(void* payload, const void* acc, std::size_t n) {
+    if constexpr (vector_type(D)) {
+      Avx512ImplVec::emit<D>(payload, acc, n);
+    } else {
+      scalar::emit<D>(payload, acc, 0, n);
     }
   }
 };

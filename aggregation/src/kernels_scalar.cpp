@@ -6,9 +6,9 @@ namespace treeduce::agg::detail {
 namespace {
 
 struct ScalarImpl {
-  template <DType D>
+  template <DType D, ReduceOp O>
   static void load(void* acc, const void* payload, std::size_t n) {
-    scalar::load<D>(acc, payload, 0, n);
+    scalar::load<D, O>(acc, payload, 0, n);
   }
   template <DType D, ReduceOp O>
   static void accumulate(void* acc, const void* payload, std::size_t n) {

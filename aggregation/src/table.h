@@ -1,7 +1,7 @@
 // Builds a KernelTable from an ISA's implementation. Internal to aggregation/.
 //
-// An Impl provides, for every DType D and ReduceOp O, static functions
-//   template <DType D> load(void*, const void*, size_t)
+// An Impl provides, for every DType D and ReduceOp O with op_defined(D, O), static functions
+//   template <DType D, ReduceOp O> load(void*, const void*, size_t)
 //   template <DType D, ReduceOp O> accumulate(void*, const void*, size_t)
 //   template <DType D, ReduceOp O> reduce(void*, const void* const*, size_t, size_t)
 //   template <DType D> emit(void*, const void*, size_t)
@@ -19,14 +19,19 @@ template <class Impl, std::size_t... Ds, std::size_t... Os>
 constexpr KernelTable make_table(Isa isa, std::index_sequence<Ds...>, std::index_sequence<Os...>) {
   KernelTable t{};
   t.isa = isa;
-  ((t.load[Ds] = &Impl::template load<static_cast<DType>(Ds)>), ...);
   ((t.emit[Ds] = &Impl::template emit<static_cast<DType>(Ds)>), ...);
-  auto fill_ops = [&t]<std::size_t D>(std::integral_constant<std::size_t, D>) {
-    ((t.accumulate[D][Os] =
-          &Impl::template accumulate<static_cast<DType>(D), static_cast<ReduceOp>(Os)>),
-     ...);
-    ((t.reduce[D][Os] = &Impl::template reduce<static_cast<DType>(D), static_cast<ReduceOp>(Os)>),
-     ...);
+  auto fill_op = [&t]<std::size_t D, std::size_t O>(std::integral_constant<std::size_t, D>,
+                                                    std::integral_constant<std::size_t, O>) {
+    constexpr auto d = static_cast<DType>(D);
+    constexpr auto o = static_cast<ReduceOp>(O);
+    if constexpr (op_defined(d, o)) {
+      t.load[D][O] = &Impl::template load<d, o>;
+      t.accumulate[D][O] = &Impl::template accumulate<d, o>;
+      t.reduce[D][O] = &Impl::template reduce<d, o>;
+    }
+  };
+  auto fill_ops = [&]<std::size_t D>(std::integral_constant<std::size_t, D> d) {
+    (fill_op(d, std::integral_constant<std::size_t, Os>{}), ...);
   };
   (fill_ops(std::integral_constant<std::size_t, Ds>{}), ...);
   return t;

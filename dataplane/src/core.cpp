@@ -52,7 +52,9 @@ struct Tree {
   std::uint32_t slot_mask = 0;
   std::uint32_t slot_shift = 0;
   std::uint16_t max_elems[kNumDTypes] = {};
-  agg::LoadFn load[kNumDTypes] = {};
+  // Filled for every (dtype, op) the tree allows and op_defined() admits, nullptr elsewhere: a
+  // null accumulate entry is how check_chunk() refuses a pair.
+  agg::LoadFn load[kNumDTypes][kNumReduceOps] = {};
   agg::AccumulateFn accumulate[kNumDTypes][kNumReduceOps] = {};
   agg::ReduceFn reduce[kNumDTypes][kNumReduceOps] = {};
   agg::EmitFn emit[kNumDTypes] = {};
@@ -117,23 +119,26 @@ Status Core::install_tree(const TreeConfig& cfg) {
   t->nchildren = static_cast<std::uint16_t>(cfg.children.size());
   t->slot_mask = cfg.slots - 1;
   t->slot_shift = static_cast<std::uint32_t>(std::countr_zero(cfg.slots));
-  std::size_t min_size = 4;
+  // The accumulator holds payload_bytes / dtype_size elements of acc_size bytes: 4x the payload
+  // for FP8, 2x for f16/bf16, 1x for every other type.
+  std::size_t acc_bytes = 0;
   const agg::KernelTable& k = agg::kernels();
   for (DType d : kAllDTypes) {
     const auto di = static_cast<std::size_t>(d);
     if ((cfg.dtype_mask >> di & 1) == 0) continue;
     t->max_elems[di] = static_cast<std::uint16_t>(cfg.payload_bytes / dtype_size(d));
-    if (dtype_size(d) < min_size) min_size = dtype_size(d);
-    t->load[di] = k.load_fn(d);
+    acc_bytes = std::max(acc_bytes, cfg.payload_bytes / dtype_size(d) * acc_size(d));
     t->emit[di] = k.emit_fn(d);
     for (ReduceOp o : kAllReduceOps) {
       const auto oi = static_cast<std::size_t>(o);
+      if ((cfg.op_mask >> oi & 1) == 0 || !op_defined(d, o)) continue;
+      t->load[di][oi] = k.load_fn(d, o);
       t->accumulate[di][oi] = k.accumulate_fn(d, o);
       t->reduce[di][oi] = k.reduce_fn(d, o);
     }
   }
   const auto round64 = [](std::size_t b) { return (b + 63) & ~std::size_t{63}; };
-  const std::size_t acc_bytes = round64(cfg.payload_bytes / min_size * 4);
+  acc_bytes = round64(acc_bytes);
   t->out_off = acc_bytes;
   t->res_off = t->root ? t->out_off : t->out_off + cfg.payload_bytes;
   t->det_off = t->res_off + cfg.payload_bytes;
@@ -344,8 +349,8 @@ DropReason Core::check_chunk(Tree& t, const Parsed& p, Chunk* c) noexcept {
   const TdHdr& h = p.td;
   if (h.key.get() != t.cfg.key) return DropReason::bad_key;
   if (h.reason != 0) return DropReason::bad_reserved;
-  if (h.dtype >= kNumDTypes || h.op >= kNumReduceOps || (t.cfg.dtype_mask >> h.dtype & 1) == 0 ||
-      (t.cfg.op_mask >> h.op & 1) == 0) {
+  // Unknown codes, pairs the tree does not allow and pairs with no meaning (op_defined()).
+  if (h.dtype >= kNumDTypes || h.op >= kNumReduceOps || t.accumulate[h.dtype][h.op] == nullptr) {
     return DropReason::bad_dtype_op;
   }
   c->dtype = static_cast<DType>(h.dtype);
@@ -437,7 +442,7 @@ std::size_t Core::on_contrib(Tree& t, const Parsed& p, Chunk& c, TxFrame* tx,
     // Keep the payload; the fold happens in child order once all are in.
     std::memcpy(c.base + t.det_off + std::size_t{child} * t.cfg.payload_bytes, p.payload, c.plen);
   } else if (m.arrived == 1) {
-    t.load[di](acc, p.payload, c.count);
+    t.load[di][oi](acc, p.payload, c.count);
   } else {
     t.accumulate[di][oi](acc, p.payload, c.count);
   }

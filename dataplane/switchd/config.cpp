@@ -452,7 +452,7 @@ class Loader {
 
   // A list of names into a mask whose bit e allows E(e).
   template <class E>
-  void mask(const YAML::Node& m, const char* key, const std::string& who, std::uint8_t& out) {
+  void mask(const YAML::Node& m, const char* key, const std::string& who, std::uint32_t& out) {
     const std::string what = who + ": " + key;
     const YAML::Node n = list(m, key, what, &out);
     if (!n) return;
@@ -460,7 +460,7 @@ class Loader {
     for (const auto& x : n) {
       E e{};
       if (std::string error = convert(scalar(x, what), e, what); !error.empty()) fail(x, error);
-      out = static_cast<std::uint8_t>(out | 1u << static_cast<unsigned>(e));
+      out |= 1u << static_cast<unsigned>(e);
     }
   }
 

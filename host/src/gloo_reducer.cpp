@@ -48,7 +48,7 @@ class GlooReducer final : public HostReducer {
         k.emit_fn(DType::f32)(recv, recv, count);
       } else {
         wide_.resize(count);
-        k.load_fn(dtype)(wide_.data(), send, count);
+        k.load_fn(dtype, op)(wide_.data(), send, count);
         run<float>(wide_.data(), wide_.data(), count, k.accumulate_fn(DType::f32, op));
         k.emit_fn(dtype)(recv, wide_.data(), count);
       }

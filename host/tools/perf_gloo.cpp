@@ -29,8 +29,8 @@ using ReduceFunc = gloo::AllreduceOptions::Func;
 // may be a or b).
 ReduceFunc reduce_narrow(DType d, agg::AccumulateFn acc, std::vector<float>* wide) {
   const agg::KernelTable& k = agg::kernels();
-  return [load = k.load_fn(d), emit = k.emit_fn(d), acc, wide](void* c, const void* a,
-                                                               const void* b, std::size_t n) {
+  return [load = k.load_fn(d, ReduceOp::sum), emit = k.emit_fn(d), acc, wide](
+             void* c, const void* a, const void* b, std::size_t n) {
     if (wide->size() < n) wide->resize(n);
     load(wide->data(), a, n);
     acc(wide->data(), b, n);

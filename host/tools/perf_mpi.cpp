@@ -37,7 +37,7 @@ void kernel_op(void* in, void* inout, int* len, MPI_Datatype*) {
   } else {
     thread_local std::vector<float> wide;  // MPI may call this from a progress thread
     if (wide.size() < n) wide.resize(n);
-    k.load_fn(D)(wide.data(), inout, n);
+    k.load_fn(D, O)(wide.data(), inout, n);
     k.accumulate_fn(D, O)(wide.data(), in, n);
     k.emit_fn(D)(inout, wide.data(), n);
   }

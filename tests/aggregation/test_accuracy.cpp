@@ -87,7 +87,7 @@ TEST(Accuracy, SumWithinBoundForFanIn2To256) {
 
       // The same sum by load + accumulate in the same order: identical bits (the fold is fixed).
       std::vector<float> seq(kN);
-      t.load_fn(w.d)(seq.data(), in[0].data(), kN);
+      t.load_fn(w.d, ReduceOp::sum)(seq.data(), in[0].data(), kN);
       for (std::size_t j = 1; j < k; ++j)
         t.accumulate_fn(w.d, ReduceOp::sum)(seq.data(), in[j].data(), kN);
       ASSERT_EQ(std::memcmp(seq.data(), acc.data(), kN * 4), 0);

@@ -257,10 +257,10 @@ TEST(Widen, EveryPathEveryEncoding) {
     std::vector<unsigned char> in(n * (c.bits / 8));
     for (std::size_t b = 0; b < n; ++b) std::memcpy(&in[b * (c.bits / 8)], &b, c.bits / 8);
     std::vector<std::uint32_t> want(n), got(n);
-    kernels_for(Isa::scalar)->load_fn(c.dtype)(want.data(), in.data(), n);
+    kernels_for(Isa::scalar)->load_fn(c.dtype, ReduceOp::sum)(want.data(), in.data(), n);
     for (Isa isa : supported_isas()) {
       SCOPED_TRACE(::testing::Message() << name(c.dtype) << " " << name(isa));
-      kernels_for(isa)->load_fn(c.dtype)(got.data(), in.data(), n);
+      kernels_for(isa)->load_fn(c.dtype, ReduceOp::sum)(got.data(), in.data(), n);
       for (std::size_t b = 0; b < n; ++b) ASSERT_EQ(got[b], want[b]) << std::hex << b;
     }
   }

@@ -25,7 +25,7 @@ TEST(Dispatch, TablesAreCompleteAndNamedForTheirIsa) {
     ASSERT_NE(t, nullptr);
     EXPECT_EQ(t->isa, isa);
     for (DType d : kAllDTypes) {
-      EXPECT_NE(t->load_fn(d), nullptr);
+      EXPECT_NE(t->load_fn(d, ReduceOp::sum), nullptr);
       EXPECT_NE(t->emit_fn(d), nullptr);
       for (ReduceOp op : kAllReduceOps) {
         EXPECT_NE(t->accumulate_fn(d, op), nullptr);

@@ -65,8 +65,8 @@ TEST_P(KernelPath, MatchesScalarForEveryDtypeOpAndLength) {
       // load: exact, including NaN payloads.
       std::vector<unsigned char> a_ref(n * 4 + 1), a_simd(n * 4 + 1, 0xAB);
       a_ref.back() = 0xAB;
-      ref.load_fn(d)(a_ref.data(), in[0].data(), n);
-      simd->load_fn(d)(a_simd.data(), in[0].data(), n);
+      ref.load_fn(d, ReduceOp::sum)(a_ref.data(), in[0].data(), n);
+      simd->load_fn(d, ReduceOp::sum)(a_simd.data(), in[0].data(), n);
       ASSERT_TRUE(same_acc(lanes_of(a_ref, n), lanes_of(a_simd, n), false)) << "load";
       ASSERT_EQ(a_simd.back(), 0xAB) << "load wrote past the end";
 

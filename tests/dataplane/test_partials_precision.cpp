@@ -72,7 +72,8 @@ void measure(DType d, const std::vector<int>& fanins, std::size_t elems, Stats* 
   }
   // FP32 partials: the same grouping, accumulators stay FP32 until the root narrows once.
   std::vector<std::vector<float>> lv(hosts, std::vector<float>(elems));
-  for (std::size_t h = 0; h < hosts; ++h) k->load_fn(d)(lv[h].data(), in[h].data(), elems);
+  for (std::size_t h = 0; h < hosts; ++h)
+    k->load_fn(d, ReduceOp::sum)(lv[h].data(), in[h].data(), elems);
   for (std::size_t l = fanins.size(); l-- > 0;) {
     const auto f = static_cast<std::size_t>(fanins[l]);
     std::vector<std::vector<float>> up(lv.size() / f, std::vector<float>(elems));
@@ -89,21 +90,21 @@ void measure(DType d, const std::vector<int>& fanins, std::size_t elems, Stats* 
   const double uw = unit_roundoff(d), u32 = std::ldexp(1.0, -24);
   const double n = static_cast<double>(hosts), depth = static_cast<double>(fanins.size());
   std::vector<float> wv(elems), fv(elems), one(1);
-  k->load_fn(d)(wv.data(), level[0].data(), elems);
-  k->load_fn(d)(fv.data(), fp32_out.data(), elems);
+  k->load_fn(d, ReduceOp::sum)(wv.data(), level[0].data(), elems);
+  k->load_fn(d, ReduceOp::sum)(fv.data(), fp32_out.data(), elems);
   std::vector<std::uint8_t> rounded(es);
   std::vector<float> rv(1);
   for (std::size_t e = 0; e < elems; ++e) {
     double s = 0, sa = 0;
     for (std::size_t h = 0; h < hosts; ++h) {
       float x;
-      k->load_fn(d)(&x, in[h].data() + e * es, 1);
+      k->load_fn(d, ReduceOp::sum)(&x, in[h].data() + e * es, 1);
       s += x;
       sa += std::fabs(x);
     }
     one[0] = static_cast<float>(s);  // FP64 -> FP32 -> wire: double rounding is harmless here
     k->emit_fn(d)(rounded.data(), one.data(), 1);
-    k->load_fn(d)(rv.data(), rounded.data(), 1);
+    k->load_fn(d, ReduceOp::sum)(rv.data(), rounded.data(), 1);
     const auto account = [&](Stats* st, float got, double bound) {
       const double err = std::fabs(got - s);
       const double rel = sa == 0 ? 0 : err / sa;

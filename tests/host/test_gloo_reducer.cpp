@@ -35,6 +35,8 @@ float widen(DType d, const unsigned char* p) {
   std::uint16_t h;
   float f;
   switch (d) {
+    default:  // TODO(issue 14): the types added by issue 14
+      break;
     case DType::f32:
       std::memcpy(&f, p, 4);
       return f;
@@ -57,6 +59,8 @@ float widen(DType d, const unsigned char* p) {
 void narrow(DType d, float v, unsigned char* p) {
   std::uint16_t h;
   switch (d) {
+    default:  // TODO(issue 14): the types added by issue 14
+      break;
     case DType::f32:
       v = agg::canonicalize_f32(v);
       std::memcpy(p, &v, 4);

@@ -37,6 +37,7 @@ inline constexpr MinifloatFormat kFormatE4M3{4, 3, false};
 
 /// Canonical NaN encodings: positive and quiet.
 inline constexpr std::uint32_t kCanonicalNanF32 = 0x7FC00000u;
+inline constexpr std::uint64_t kCanonicalNanF64 = 0x7FF8000000000000u;
 inline constexpr std::uint16_t kCanonicalNanF16 = 0x7E00u;
 inline constexpr std::uint16_t kCanonicalNanBF16 = 0x7FC0u;
 inline constexpr std::uint8_t kCanonicalNanE5M2 = 0x7Eu;
@@ -137,6 +138,10 @@ inline std::uint8_t f32_to_e5m2(float x) {
 /// binary32 as emitted on the wire: only NaNs change (to the canonical one).
 inline float canonicalize_f32(float x) {
   return std::isnan(x) ? std::bit_cast<float>(kCanonicalNanF32) : x;
+}
+/// binary64 as emitted on the wire: only NaNs change (to the canonical one).
+inline double canonicalize_f64(double x) {
+  return std::isnan(x) ? std::bit_cast<double>(kCanonicalNanF64) : x;
 }
 
 }  // namespace treeduce::agg

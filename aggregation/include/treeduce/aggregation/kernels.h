@@ -1,15 +1,19 @@
 /// @file
 /// The arithmetic a switch runs on every packet, dispatched at run time to the best ISA.
 ///
-/// An *accumulator* is an array of n 32-bit lanes: binary32 for every float type (narrow types are
-/// widened on the way in and narrowed once on the way out), int32_t for DType::i32. A *payload* is
-/// n elements of the wire type, packed (dtype_size(d) bytes each). No function here allocates,
-/// throws, locks or logs; pointers need no particular alignment; buffers must not overlap, except
-/// that emit() may write a 32-bit type in place over its own accumulator.
+/// An *accumulator* is an array of n elements of acc_size(d) bytes: binary32 for f32 and every
+/// narrow float type (widened on the way in, narrowed once on the way out), and the wire type
+/// itself for every other type (integers in their own width, f64 in binary64, pairs in their
+/// (value, index) layout). A *payload* is n elements of the wire type, packed (dtype_size(d) bytes
+/// each, little-endian). No function here allocates, throws, locks or logs; pointers need no
+/// particular alignment; buffers must not overlap, except that emit() may write in place over its
+/// own accumulator when acc_size(d) == dtype_size(d).
 ///
-/// Every path gives the same bits as the scalar reference (Isa::scalar) for every emitted payload
-/// and every accumulator, except that the payload of a NaN inside a sum accumulator is unspecified
-/// (emitted NaNs are canonical, see convert.h). docs/numerics.md states the semantics.
+/// A table has a kernel for every (dtype, op) with op_defined(dtype, op) and nullptr for the
+/// others. Every path gives the same bits as the scalar reference (Isa::scalar) for every emitted
+/// payload and every accumulator, except that the payload of a NaN inside a sum or product
+/// accumulator is unspecified (emitted NaNs are canonical, see convert.h). docs/numerics.md states
+/// the semantics.
 #pragma once
 
 #include <cstddef>
@@ -34,7 +38,8 @@ std::string_view name(Isa isa) noexcept;
 /// Inverse of name() ("scalar", "avx2", "avx512", "avx512_bf16").
 std::optional<Isa> parse_isa(std::string_view s) noexcept;
 
-/// acc[i] = widen(payload[i]): start an accumulator from the first contribution.
+/// acc[i] = widen(payload[i]): start an accumulator from the first contribution (for the logical
+/// operations, 1 where payload[i] != 0, else 0).
 using LoadFn = void (*)(void* acc, const void* payload, std::size_t n);
 /// acc[i] = acc[i] OP widen(payload[i]).
 using AccumulateFn = void (*)(void* acc, const void* payload, std::size_t n);
@@ -45,16 +50,19 @@ using ReduceFn = void (*)(void* acc, const void* const* payloads, std::size_t k,
 /// payload[i] = narrow(acc[i]): round to nearest even once, canonical NaN.
 using EmitFn = void (*)(void* payload, const void* acc, std::size_t n);
 
-/// One ISA's kernels, indexed by static_cast<size_t>(DType) and static_cast<size_t>(ReduceOp).
+/// One ISA's kernels, indexed by static_cast<size_t>(DType) and static_cast<size_t>(ReduceOp);
+/// nullptr where !op_defined(dtype, op).
 /// Callers on a hot path look the pointer up once (per tree) and call it per packet.
 struct KernelTable {
   Isa isa;
-  LoadFn load[kNumDTypes];
+  LoadFn load[kNumDTypes][kNumReduceOps];
   AccumulateFn accumulate[kNumDTypes][kNumReduceOps];
   ReduceFn reduce[kNumDTypes][kNumReduceOps];
   EmitFn emit[kNumDTypes];
 
-  LoadFn load_fn(DType d) const noexcept { return load[static_cast<std::size_t>(d)]; }
+  LoadFn load_fn(DType d, ReduceOp op) const noexcept {
+    return load[static_cast<std::size_t>(d)][static_cast<std::size_t>(op)];
+  }
   AccumulateFn accumulate_fn(DType d, ReduceOp op) const noexcept {
     return accumulate[static_cast<std::size_t>(d)][static_cast<std::size_t>(op)];
   }

@@ -27,6 +27,8 @@ inline constexpr agg::MinifloatFormat kFormatF32{8, 23, true};
 
 inline float widen(DType d, std::uint32_t bits) {
   switch (d) {
+    default:  // TODO(issue 14): the types added by issue 14
+      break;
     case DType::f16:
       return agg::f16_to_f32(static_cast<std::uint16_t>(bits));
     case DType::bf16:
@@ -44,6 +46,8 @@ inline float widen(DType d, std::uint32_t bits) {
 
 inline std::uint32_t narrow(DType d, float x) {
   switch (d) {
+    default:  // TODO(issue 14): the types added by issue 14
+      break;
     case DType::f16:
       return agg::f32_to_f16(x);
     case DType::bf16:
@@ -129,6 +133,8 @@ constexpr FloatInfo info_of() {
 
 inline FloatInfo float_info(DType d) {
   switch (d) {
+    default:  // TODO(issue 14): the types added by issue 14
+      break;
     case DType::f16:
       return info_of<agg::kFormatF16>();
     case DType::bf16:

@@ -27,8 +27,8 @@ inline constexpr std::uint32_t kMaxSlots = 4096;
 /// The ncontrib header field counts hosts in 16 bits.
 inline constexpr std::uint32_t kMaxTreeHosts = 0xFFFF;
 /// Every element type and every operation a tree may allow (TreeConfig::dtype_mask, op_mask).
-inline constexpr std::uint32_t kAllDTypesMask = (1u << kNumDTypes) - 1;
-inline constexpr std::uint32_t kAllOpsMask = (1u << kNumReduceOps) - 1;
+using treeduce::kAllDTypesMask;
+using treeduce::kAllOpsMask;
 
 /// A tree's role on this switch. Only root vs non-root changes behaviour; leaf/inner is for
 /// reporting (a leaf's children are hosts).
@@ -48,13 +48,13 @@ struct TreeConfig {
   std::uint16_t tree_id = 0;
   std::uint64_t key = 0;  ///< per-job key; every packet must carry it
   Role role = Role::root;
-  Endpoint parent;                           ///< ignored for Role::root
-  std::uint16_t index_at_parent = 0;         ///< our child index in the parent's tree entry
-  std::vector<ChildConfig> children;         ///< 1..kMaxChildren, index = child index on the wire
-  std::uint32_t slots = 8;                   ///< power of two, 1..kMaxSlots
-  std::uint32_t payload_bytes = 1024;        ///< power of two, 256..8192
-  std::uint8_t dtype_mask = kAllDTypesMask;  ///< bit d allows DType d
-  std::uint8_t op_mask = kAllOpsMask;        ///< bit o allows ReduceOp o
+  Endpoint parent;                            ///< ignored for Role::root
+  std::uint16_t index_at_parent = 0;          ///< our child index in the parent's tree entry
+  std::vector<ChildConfig> children;          ///< 1..kMaxChildren, index = child index on the wire
+  std::uint32_t slots = 8;                    ///< power of two, 1..kMaxSlots
+  std::uint32_t payload_bytes = 1024;         ///< power of two, 256..8192
+  std::uint32_t dtype_mask = kAllDTypesMask;  ///< bit d allows DType d
+  std::uint32_t op_mask = kAllOpsMask;        ///< bit o allows ReduceOp o
   /// Keep each child's payload and reduce in child order when all are in: results bit-identical
   /// whatever the arrival order, loss and retransmissions.
   bool deterministic = false;
