@@ -294,12 +294,14 @@ TD_AVX2 __m256i combine_int(__m256i a, __m256i b) {
     return _mm256_xor_si256(a, b);
   } else {
     static_assert(is_logical(O));
+    if constexpr (O == ReduceOp::lor) {
+      return _mm256_andnot_si256(is_zero<D>(_mm256_or_si256(a, b)), ones<D>());
+    }
     const __m256i za = is_zero<D>(a), zb = is_zero<D>(b);
-    if constexpr (O == ReduceOp::land)
+    if constexpr (O == ReduceOp::land) {
       return _mm256_andnot_si256(_mm256_or_si256(za, zb), ones<D>());
-    if constexpr (O == ReduceOp::lor)
-      return _mm256_andnot_si256(_mm256_and_si256(za, zb), ones<D>());
-    if constexpr (O == ReduceOp::lxor) return _mm256_and_si256(_mm256_xor_si256(za, zb), ones<D>());
+    }
+    return _mm256_and_si256(_mm256_xor_si256(za, zb), ones<D>());
   }
 }
 

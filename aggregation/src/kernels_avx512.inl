@@ -332,10 +332,9 @@ TD_AVX512 __m512i combine_int(__m512i a, __m512i b) {
     return _mm512_xor_si512(a, b);
   } else {
     static_assert(is_logical(O));
+    if constexpr (O == ReduceOp::lor) return ones_where<D>(nonzero<D>(_mm512_or_si512(a, b)));
     const Mask na = nonzero<D>(a), nb = nonzero<D>(b);
-    return ones_where<D>(O == ReduceOp::land  ? (na & nb)
-                         : O == ReduceOp::lor ? (na | nb)
-                                              : (na ^ nb));
+    return ones_where<D>(O == ReduceOp::land ? (na & nb) : (na ^ nb));
   }
 }
 
