@@ -91,17 +91,17 @@ TD_AVX512 Vec<D> load_widen(const void* p, std::size_t i, Mask m) {
   }
 }
 
-/// Integer lanes that are not zero, as a mask.
+/// Integer lanes of `within` that are not zero in v, as a mask.
 template <DType D>
-TD_AVX512 Mask nonzero(__m512i v) {
+TD_AVX512 Mask nonzero(__m512i v, Mask within = kAll) {
   if constexpr (dtype_size(D) == 1) {
-    return _mm512_test_epi8_mask(v, v);
+    return _mm512_mask_test_epi8_mask(within, v, v);
   } else if constexpr (dtype_size(D) == 2) {
-    return _mm512_test_epi16_mask(v, v);
+    return _mm512_mask_test_epi16_mask(static_cast<__mmask32>(within), v, v);
   } else if constexpr (dtype_size(D) == 4) {
-    return _mm512_test_epi32_mask(v, v);
+    return _mm512_mask_test_epi32_mask(static_cast<__mmask16>(within), v, v);
   } else {
-    return _mm512_test_epi64_mask(v, v);
+    return _mm512_mask_test_epi64_mask(static_cast<__mmask8>(within), v, v);
   }
 }
 
@@ -333,8 +333,8 @@ TD_AVX512 __m512i combine_int(__m512i a, __m512i b) {
   } else {
     static_assert(is_logical(O));
     if constexpr (O == ReduceOp::lor) return ones_where<D>(nonzero<D>(_mm512_or_si512(a, b)));
-    const Mask na = nonzero<D>(a), nb = nonzero<D>(b);
-    return ones_where<D>(O == ReduceOp::land ? (na & nb) : (na ^ nb));
+    if constexpr (O == ReduceOp::land) return ones_where<D>(nonzero<D>(b, nonzero<D>(a)));
+    return ones_where<D>(nonzero<D>(a) ^ nonzero<D>(b));
   }
 }
 
@@ -397,6 +397,9 @@ struct Avx512ImplVec {
     std::size_t i = 0;
     // Two vectors per iteration halve the loop overhead; measured +10% on bf16 sum with the
     // accumulator in L2 (bench accumulate/bf16/sum/L2, vs_baseline 0.85-0.90 -> 0.97-1.00).
+    // Integer sums (one vpadd per vector, no widening) and f64 sum measured 0.97-1.03 of the
+    // plain `acc[i] += in[i]` loop in their type at L2 and 1.22-1.30 at L1 (zmm, not unrolled),
+    // bench accumulate/<type>/sum, medians of 5.
     for (; i + 2 * kW <= n; i += 2 * kW) {
       Vec<D> x0, x1;
       load_widen_x2<D>(payload, i, x0, x1);
