@@ -1,16 +1,21 @@
 // treeduce-bench-kernels: throughput of the aggregation kernels, as ratios against plain loops
 // measured in the same iterations (the machine is shared and noisy; absolute figures drift, ratios
-// hold). Rows:
-//   accumulate/<dtype>/<op>/<L2|DRAM>  acc[i] = acc[i] OP widen(in[i]); accumulator 256 KiB or 256
-//   MiB reduce8/<dtype>/sum/L2             8 payloads folded in order into a fresh accumulator
-//   emit/<dtype>/L2                    accumulator narrowed to the wire type
+// hold). Rows, for every (dtype, op) that op_defined() accepts (the pair types have rows of their
+// own below):
+//   accumulate/<dtype>/<op>/<L1|L2|DRAM>  acc[i] = acc[i] OP widen(in[i]); accumulator 16 KiB,
+//                                         256 KiB or 256 MiB (acc_size(dtype) bytes an element)
+//   reduce8/<dtype>/sum/L2                8 payloads folded in order into a fresh accumulator
+//   emit/<dtype>/L2                       accumulator narrowed to the wire type
 // Counters:
 //   input_GBps   wire bytes consumed per second (emit: accumulator bytes)
 //   vs_baseline  baseline time / kernel time for the same elements. Baselines, compiled for the
 //                best ISA of this CPU (target_clones) and auto-vectorised at -O3:
-//                f32, i32: `acc[i] += in[i]` on float; f16: the same with F16C (vcvtph2ps, 8
+//                f32: `acc[i] += in[i]` on float; f16: the same with F16C (vcvtph2ps, 8
 //                lanes); bf16: `acc[i] += bits(in[i] << 16)`; e4m3/e5m2: `acc[i] += table[in[i]]`
-//                (the naive widening); reduce8: 7 baseline passes after a copy; emit: none.
+//                (the naive widening) -- for every operation of these five types; the integer
+//                types and f64: the plain `acc[i] OP= in[i]` loop in that type for each operation
+//                (wrapping + and * in the unsigned type, `b < a ? b : a` for min, `(a != 0) &&
+//                (b != 0)` for land, ...); reduce8: 7 baseline passes after a load; emit: none.
 //   vs_bf16      FP8 only: this kernel's input GB/s over the bf16 kernel's, timed in the same
 //                iterations on the same element count.
 // The kernel path is the active one (best for this CPU, or TREEDUCE_KERNEL_ISA).
@@ -27,6 +32,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "treeduce/aggregation/convert.h"
 #include "treeduce/aggregation/kernels.h"
@@ -82,6 +89,80 @@ TD_BASELINE void base_table(float* __restrict acc, const std::uint8_t* __restric
   for (std::size_t i = 0; i < n; ++i) acc[i] += table[in[i]];
 }
 
+// The plain loop in the type itself, for the integer types and f64. Integer + and * wrap in the
+// unsigned type (what the instructions do; signed overflow would be undefined in C++).
+template <class T, ReduceOp O>
+TD_BASELINE void base_plain(T* __restrict acc, const T* __restrict in, std::size_t n) {
+  using U = typename std::conditional_t<std::is_integral_v<T>, std::make_unsigned<T>,
+                                        std::type_identity<T>>::type;
+  for (std::size_t i = 0; i < n; ++i) {
+    const T a = acc[i], b = in[i];
+    if constexpr (O == ReduceOp::sum) {
+      acc[i] = static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    } else if constexpr (O == ReduceOp::prod) {
+      acc[i] = static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+    } else if constexpr (O == ReduceOp::min) {
+      acc[i] = b < a ? b : a;
+    } else if constexpr (O == ReduceOp::max) {
+      acc[i] = a < b ? b : a;
+    } else if constexpr (O == ReduceOp::band) {
+      acc[i] = static_cast<T>(a & b);
+    } else if constexpr (O == ReduceOp::bor) {
+      acc[i] = static_cast<T>(a | b);
+    } else if constexpr (O == ReduceOp::bxor) {
+      acc[i] = static_cast<T>(a ^ b);
+    } else if constexpr (O == ReduceOp::land) {
+      acc[i] = static_cast<T>(a != 0 && b != 0);
+    } else if constexpr (O == ReduceOp::lor) {
+      acc[i] = static_cast<T>(a != 0 || b != 0);
+    } else {
+      acc[i] = static_cast<T>((a != 0) != (b != 0));
+    }
+  }
+}
+
+using BaselineFn = void (*)(void* acc, const void* in, std::size_t n);
+
+template <class T, ReduceOp O>
+void base_plain_erased(void* acc, const void* in, std::size_t n) {
+  base_plain<T, O>(static_cast<T*>(acc), static_cast<const T*>(in), n);
+}
+
+template <class T>
+BaselineFn plain_for(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return &base_plain_erased<T, ReduceOp::sum>;
+    case ReduceOp::prod:
+      return &base_plain_erased<T, ReduceOp::prod>;
+    case ReduceOp::min:
+      return &base_plain_erased<T, ReduceOp::min>;
+    case ReduceOp::max:
+      return &base_plain_erased<T, ReduceOp::max>;
+    default:
+      break;
+  }
+  if constexpr (std::is_integral_v<T>) {
+    switch (op) {
+      case ReduceOp::band:
+        return &base_plain_erased<T, ReduceOp::band>;
+      case ReduceOp::bor:
+        return &base_plain_erased<T, ReduceOp::bor>;
+      case ReduceOp::bxor:
+        return &base_plain_erased<T, ReduceOp::bxor>;
+      case ReduceOp::land:
+        return &base_plain_erased<T, ReduceOp::land>;
+      case ReduceOp::lor:
+        return &base_plain_erased<T, ReduceOp::lor>;
+      case ReduceOp::lxor:
+        return &base_plain_erased<T, ReduceOp::lxor>;
+      default:
+        break;
+    }
+  }
+  return nullptr;  // not defined: never registered
+}
+
 struct Table8 {
   float e4m3[256], e5m2[256];
   Table8() {
@@ -93,12 +174,10 @@ struct Table8 {
 };
 const Table8 kTable8;
 
-void baseline(DType d, float* acc, const void* in, std::size_t n) {
+void baseline(DType d, ReduceOp op, void* acc_bytes, const void* in, std::size_t n) {
+  auto* acc = static_cast<float*>(acc_bytes);
   switch (d) {
-    default:  // TODO(issue 14): the types added by issue 14
-      break;
     case DType::f32:
-    case DType::i32:
       return base_f32(acc, static_cast<const float*>(in), n);
     case DType::f16:
       return base_f16(acc, in, n);
@@ -108,6 +187,28 @@ void baseline(DType d, float* acc, const void* in, std::size_t n) {
       return base_table(acc, static_cast<const std::uint8_t*>(in), kTable8.e4m3, n);
     case DType::e5m2:
       return base_table(acc, static_cast<const std::uint8_t*>(in), kTable8.e5m2, n);
+    case DType::i8:
+      return plain_for<std::int8_t>(op)(acc_bytes, in, n);
+    case DType::u8:
+      return plain_for<std::uint8_t>(op)(acc_bytes, in, n);
+    case DType::i16:
+      return plain_for<std::int16_t>(op)(acc_bytes, in, n);
+    case DType::u16:
+      return plain_for<std::uint16_t>(op)(acc_bytes, in, n);
+    case DType::i32:
+      return plain_for<std::int32_t>(op)(acc_bytes, in, n);
+    case DType::u32:
+      return plain_for<std::uint32_t>(op)(acc_bytes, in, n);
+    case DType::i64:
+      return plain_for<std::int64_t>(op)(acc_bytes, in, n);
+    case DType::u64:
+      return plain_for<std::uint64_t>(op)(acc_bytes, in, n);
+    case DType::f64:
+      return plain_for<double>(op)(acc_bytes, in, n);
+    case DType::f32_i32:
+    case DType::f64_i32:
+    case DType::i32_i32:
+      break;  // pair rows: bm_pairs
   }
 }
 
@@ -123,18 +224,37 @@ Buffer alloc(std::size_t bytes) {
   return Buffer(static_cast<unsigned char*>(p));
 }
 
-// Payload of ordinary values in (-1, 1): no NaN, infinity or subnormal slows any path. i32 values
-// are chosen so that their bits are also ordinary floats, for the float baseline.
-Buffer make_payload(DType d, std::size_t n, std::uint64_t seed) {
+// Payload of ordinary values: floats in (-1, 1) (no NaN, infinity or subnormal slows any path),
+// or, for prod, +-(1 + a little) so that a product repeated over the iterations neither underflows
+// nor overflows soon; integers of random bits.
+Buffer make_payload(DType d, ReduceOp op, std::size_t n, std::uint64_t seed) {
   Buffer b = alloc(n * dtype_size(d));
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  if (is_integer(d)) {
+    for (std::size_t i = 0; i < n * dtype_size(d); i += 8) {
+      const std::uint64_t r = rng();
+      std::memcpy(b.get() + i, &r, std::min<std::size_t>(8, n * dtype_size(d) - i));
+    }
+    return b;
+  }
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  const auto value = [&] {
+    const double x = u(rng);
+    return op == ReduceOp::prod ? (x < 0 ? -1.0 : 1.0) + x * 0x1p-12 : x;
+  };
+  if (d == DType::f64) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const double x = value();
+      std::memcpy(b.get() + i * 8, &x, 8);
+    }
+    return b;
+  }
   std::vector<float> v(std::min<std::size_t>(n, 1u << 16));
   const KernelTable& t = *kernels_for(Isa::scalar);
   for (std::size_t i = 0; i < n; i += v.size()) {
     const std::size_t m = std::min(v.size(), n - i);
-    for (std::size_t j = 0; j < m; ++j) v[j] = u(rng) + (d == DType::i32 ? 2.5f : 0.0f);
-    t.emit_fn(d == DType::i32 ? DType::f32 : d)(b.get() + i * dtype_size(d), v.data(), m);
+    for (std::size_t j = 0; j < m; ++j) v[j] = static_cast<float>(value());
+    t.emit_fn(d)(b.get() + i * dtype_size(d), v.data(), m);
   }
   return b;
 }
@@ -144,20 +264,21 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 void bm_accumulate(benchmark::State& st, DType d, ReduceOp op, std::size_t acc_bytes) {
-  const std::size_t n = acc_bytes / 4;
-  const Buffer in = make_payload(d, n, 1);
-  const Buffer acc = alloc(n * 4), base_acc = alloc(n * 4);
+  const std::size_t n = acc_bytes / acc_size(d);
+  const Buffer in = make_payload(d, op, n, 1);
+  const Buffer acc = alloc(n * acc_size(d)), base_acc = alloc(n * acc_size(d));
   const bool fp8 = d == DType::e4m3 || d == DType::e5m2;
-  const Buffer bf16_in = fp8 ? make_payload(DType::bf16, n, 2) : Buffer();
+  const Buffer bf16_in = fp8 ? make_payload(DType::bf16, op, n, 2) : Buffer();
   const KernelTable& t = kernels();
   t.load_fn(d, op)(acc.get(), in.get(), n);
+  t.load_fn(d, op)(base_acc.get(), in.get(), n);  // the same start (the narrow ones: binary32)
   const AccumulateFn fn = t.accumulate_fn(d, op), bf16_fn = t.accumulate_fn(DType::bf16, op);
   double tk = 0, tb = 0, t16 = 0;
   for (auto _ : st) {
     const auto a = Clock::now();
     fn(acc.get(), in.get(), n);
     const auto b = Clock::now();
-    baseline(d, reinterpret_cast<float*>(base_acc.get()), in.get(), n);
+    baseline(d, op, base_acc.get(), in.get(), n);
     const auto c = Clock::now();
     if (fp8) bf16_fn(acc.get(), bf16_in.get(), n);
     const auto e = Clock::now();
@@ -177,14 +298,14 @@ void bm_accumulate(benchmark::State& st, DType d, ReduceOp op, std::size_t acc_b
 
 void bm_reduce8(benchmark::State& st, DType d, std::size_t acc_bytes) {
   constexpr std::size_t kK = 8;
-  const std::size_t n = acc_bytes / 4;
+  const std::size_t n = acc_bytes / acc_size(d);
   std::vector<Buffer> in;
   std::vector<const void*> ptrs;
   for (std::size_t j = 0; j < kK; ++j) {
-    in.push_back(make_payload(d, n, 10 + j));
+    in.push_back(make_payload(d, ReduceOp::sum, n, 10 + j));
     ptrs.push_back(in.back().get());
   }
-  const Buffer acc = alloc(n * 4), base_acc = alloc(n * 4);
+  const Buffer acc = alloc(n * acc_size(d)), base_acc = alloc(n * acc_size(d));
   const ReduceFn fn = kernels().reduce_fn(d, ReduceOp::sum);
   const LoadFn load = kernels().load_fn(d, ReduceOp::sum);
   double tk = 0, tb = 0;
@@ -194,7 +315,7 @@ void bm_reduce8(benchmark::State& st, DType d, std::size_t acc_bytes) {
     const auto b = Clock::now();
     load(base_acc.get(), ptrs[0], n);  // the naive way: first payload, then k-1 baseline passes
     for (std::size_t j = 1; j < kK; ++j) {
-      baseline(d, reinterpret_cast<float*>(base_acc.get()), ptrs[j], n);
+      baseline(d, ReduceOp::sum, base_acc.get(), ptrs[j], n);
     }
     const auto c = Clock::now();
     benchmark::ClobberMemory();
@@ -210,9 +331,9 @@ void bm_reduce8(benchmark::State& st, DType d, std::size_t acc_bytes) {
 }
 
 void bm_emit(benchmark::State& st, DType d, std::size_t acc_bytes) {
-  const std::size_t n = acc_bytes / 4;
-  const Buffer in = make_payload(d, n, 3);
-  const Buffer acc = alloc(n * 4), out = alloc(n * dtype_size(d));
+  const std::size_t n = acc_bytes / acc_size(d);
+  const Buffer in = make_payload(d, ReduceOp::sum, n, 3);
+  const Buffer acc = alloc(n * acc_size(d)), out = alloc(n * dtype_size(d));
   kernels().load_fn(d, ReduceOp::sum)(acc.get(), in.get(), n);
   const EmitFn fn = kernels().emit_fn(d);
   double tk = 0;
@@ -224,7 +345,7 @@ void bm_emit(benchmark::State& st, DType d, std::size_t acc_bytes) {
     st.SetIterationTime(seconds(a, b));
     tk += seconds(a, b);
   }
-  const double bytes = static_cast<double>(n * 4) * static_cast<double>(st.iterations());
+  const double bytes = static_cast<double>(n * acc_size(d)) * static_cast<double>(st.iterations());
   st.counters["input_GBps"] = bytes / tk / 1e9;
   st.SetBytesProcessed(static_cast<std::int64_t>(bytes));
 }
@@ -235,7 +356,9 @@ constexpr std::size_t kL1 = 16u << 10, kL2 = 256u << 10, kDram = 256u << 20;
 
 void register_all() {
   for (DType d : kAllDTypes) {
+    if (is_pair(d)) continue;
     for (ReduceOp op : kAllReduceOps) {
+      if (!op_defined(d, op)) continue;
       for (auto [size, label] :
            {std::pair{kL1, "L1"}, std::pair{kL2, "L2"}, std::pair{kDram, "DRAM"}}) {
         const std::string nm =
@@ -248,6 +371,7 @@ void register_all() {
     }
   }
   for (DType d : kAllDTypes) {
+    if (is_pair(d)) continue;
     const std::string nm = "reduce8/" + std::string(name(d)) + "/sum/L2";
     benchmark::RegisterBenchmark(nm.c_str(), bm_reduce8, d, kL2)
         ->UseManualTime()
@@ -255,6 +379,7 @@ void register_all() {
         ->Unit(benchmark::kMicrosecond);
   }
   for (DType d : kAllDTypes) {
+    if (is_pair(d)) continue;
     const std::string nm = "emit/" + std::string(name(d)) + "/L2";
     benchmark::RegisterBenchmark(nm.c_str(), bm_emit, d, kL2)
         ->UseManualTime()

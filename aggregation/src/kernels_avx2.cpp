@@ -1,4 +1,4 @@
-// AVX2 + F16C path: 8 lanes per vector, scalar reference for the tail.
+// AVX2 + F16C path: 256-bit vectors, scalar reference for the tail.
 //
 // Every function carries TD_AVX2 (a target attribute) instead of the file being compiled with
 // -mavx2, so inline functions shared with other translation units are never compiled for AVX2
@@ -13,20 +13,34 @@
 namespace treeduce::agg::detail {
 namespace {
 
-constexpr std::size_t kW = 8;  // lanes per vector
+// ---- vectors: __m256 (8 binary32 lanes) for f32 and the narrow floats, __m256d (4 lanes) for
+// f64, __m256i for the integer types in their own width (32, 16, 8 or 4 lanes). Selected by
+// specialisation: std::conditional_t would drop the vector types' attributes.
 
-// ---- widening loads: 8 elements at index i into binary32 (or int32) lanes -----------------------
-
-template <DType D>
+enum class Kind { ps, pd, si };
+constexpr Kind kind(DType d) noexcept {
+  return is_integer(d) ? Kind::si : d == DType::f64 ? Kind::pd : Kind::ps;
+}
+template <Kind K>
 struct V {
   using type = __m256;
 };
 template <>
-struct V<DType::i32> {
+struct V<Kind::pd> {
+  using type = __m256d;
+};
+template <>
+struct V<Kind::si> {
   using type = __m256i;
 };
 template <DType D>
-using Vec = typename V<D>::type;
+using Vec = typename V<kind(D)>::type;
+
+/// Elements per vector: 32 bytes over the accumulator element.
+template <DType D>
+constexpr std::size_t kLanes = 32 / acc_size(D);
+
+// ---- widening loads: one vector of elements at index i into accumulator lanes ------------------
 
 TD_AVX2 __m256 e4m3_to_ps(__m128i bytes8) {
   // E4M3 -> binary16 is a shift (exponent bias 7 vs 15 handled by scaling with 2^8 afterwards,
@@ -47,8 +61,10 @@ TD_AVX2 Vec<D> load_widen(const void* p, std::size_t i) {
   const auto* b = static_cast<const unsigned char*>(p) + i * dtype_size(D);
   if constexpr (D == DType::f32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(b));
-  } else if constexpr (D == DType::i32) {
+  } else if constexpr (is_integer(D)) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+  } else if constexpr (D == DType::f64) {
+    return _mm256_loadu_pd(reinterpret_cast<const double*>(b));
   } else if constexpr (D == DType::f16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
   } else if constexpr (D == DType::bf16) {
@@ -103,8 +119,13 @@ TD_AVX2 __m256i narrow_fp8_epi32(__m256 v) {
 template <DType D>
 TD_AVX2 void store_narrow(void* p, std::size_t i, Vec<D> v) {
   auto* b = static_cast<unsigned char*>(p) + i * dtype_size(D);
-  if constexpr (D == DType::i32) {
+  if constexpr (is_integer(D)) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(b), v);
+  } else if constexpr (D == DType::f64) {
+    const __m256d c = _mm256_blendv_pd(
+        v, _mm256_castsi256_pd(_mm256_set1_epi64x(static_cast<long long>(kCanonicalNanF64))),
+        _mm256_cmp_pd(v, v, _CMP_UNORD_Q));
+    _mm256_storeu_pd(reinterpret_cast<double*>(b), c);
   } else if constexpr (D == DType::f32) {
     const __m256 c = _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(kCanonicalNanF32)),
                                       _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
@@ -134,9 +155,11 @@ TD_AVX2 void store_narrow(void* p, std::size_t i, Vec<D> v) {
 // ---------------------------------------------------------------------
 
 template <ReduceOp O>
-TD_AVX2 __m256 combine(__m256 a, __m256 b) {
+TD_AVX2 __m256 combine_ps(__m256 a, __m256 b) {
   if constexpr (O == ReduceOp::sum) {
     return _mm256_add_ps(a, b);
+  } else if constexpr (O == ReduceOp::prod) {
+    return _mm256_mul_ps(a, b);
   } else {
     // minps/maxps return the second operand on NaN and on +-0 ties; fix both (see scalar_ops.h).
     __m256 m = O == ReduceOp::min ? _mm256_min_ps(a, b) : _mm256_max_ps(a, b);
@@ -147,69 +170,211 @@ TD_AVX2 __m256 combine(__m256 a, __m256 b) {
   }
 }
 
+// binary64: as binary32, in 4 lanes.
 template <ReduceOp O>
-TD_AVX2 __m256i combine(__m256i a, __m256i b) {
+TD_AVX2 __m256d combine_pd(__m256d a, __m256d b) {
   if constexpr (O == ReduceOp::sum) {
-    return _mm256_add_epi32(a, b);
-  } else if constexpr (O == ReduceOp::min) {
-    return _mm256_min_epi32(a, b);
+    return _mm256_add_pd(a, b);
+  } else if constexpr (O == ReduceOp::prod) {
+    return _mm256_mul_pd(a, b);
   } else {
-    return _mm256_max_epi32(a, b);
+    __m256d m = O == ReduceOp::min ? _mm256_min_pd(a, b) : _mm256_max_pd(a, b);
+    const __m256d tie = O == ReduceOp::min ? _mm256_or_pd(a, b) : _mm256_and_pd(a, b);
+    m = _mm256_blendv_pd(m, tie, _mm256_cmp_pd(a, b, _CMP_EQ_OQ));
+    return _mm256_blendv_pd(
+        m, _mm256_castsi256_pd(_mm256_set1_epi64x(static_cast<long long>(kCanonicalNanF64))),
+        _mm256_cmp_pd(a, b, _CMP_UNORD_Q));
   }
 }
 
+// 8-bit product in 16-bit halves (there is no byte multiply): the low byte of a * b is the even
+// lane's product; (a >> 8) * (b & 0xFF00) puts the odd lane's product in the high byte.
+TD_AVX2 __m256i mullo_epi8(__m256i a, __m256i b) {
+  const __m256i lo_bytes = _mm256_set1_epi16(0x00FF);
+  const __m256i even = _mm256_mullo_epi16(a, b);
+  const __m256i odd = _mm256_mullo_epi16(_mm256_srli_epi16(a, 8), _mm256_andnot_si256(lo_bytes, b));
+  return _mm256_or_si256(_mm256_and_si256(even, lo_bytes), odd);
+}
+
+// 64-bit product from 32-bit multiplies: lo(a) * lo(b) in 64 bits, plus the two cross products
+// lo(a) * hi(b) + hi(a) * lo(b) (their low 32 bits are all that survive) shifted up by 32.
+TD_AVX2 __m256i mullo_epi64(__m256i a, __m256i b) {
+  const __m256i lolo = _mm256_mul_epu32(a, b);
+  const __m256i cross = _mm256_mullo_epi32(a, _mm256_shuffle_epi32(b, 0xB1));
+  const __m256i cross_sum = _mm256_add_epi32(cross, _mm256_srli_epi64(cross, 32));
+  return _mm256_add_epi64(lolo, _mm256_slli_epi64(cross_sum, 32));
+}
+
+// AVX2 has no 64-bit min/max: compare and blend; unsigned order is signed order with the sign bit
+// flipped.
+template <bool kSigned, bool kMin>
+TD_AVX2 __m256i minmax_epi64(__m256i a, __m256i b) {
+  __m256i gt;
+  if constexpr (kSigned) {
+    gt = _mm256_cmpgt_epi64(a, b);
+  } else {
+    const __m256i sign = _mm256_set1_epi64x(static_cast<long long>(0x8000000000000000ull));
+    gt = _mm256_cmpgt_epi64(_mm256_xor_si256(a, sign), _mm256_xor_si256(b, sign));
+  }
+  return kMin ? _mm256_blendv_epi8(a, b, gt) : _mm256_blendv_epi8(b, a, gt);
+}
+
+/// All ones in the integer lanes that are zero.
+template <DType D>
+TD_AVX2 __m256i is_zero(__m256i v) {
+  const __m256i z = _mm256_setzero_si256();
+  if constexpr (dtype_size(D) == 1) {
+    return _mm256_cmpeq_epi8(v, z);
+  } else if constexpr (dtype_size(D) == 2) {
+    return _mm256_cmpeq_epi16(v, z);
+  } else if constexpr (dtype_size(D) == 4) {
+    return _mm256_cmpeq_epi32(v, z);
+  } else {
+    return _mm256_cmpeq_epi64(v, z);
+  }
+}
+
+/// 1 in every lane (of D's width).
+template <DType D>
+TD_AVX2 __m256i ones() {
+  if constexpr (dtype_size(D) == 1) {
+    return _mm256_set1_epi8(1);
+  } else if constexpr (dtype_size(D) == 2) {
+    return _mm256_set1_epi16(1);
+  } else if constexpr (dtype_size(D) == 4) {
+    return _mm256_set1_epi32(1);
+  } else {
+    return _mm256_set1_epi64x(1);
+  }
+}
+
+/// A widened value as the accumulator keeps it for O (scalar::take): the logical operations keep
+/// 0 or 1.
+template <DType D, ReduceOp O>
+TD_AVX2 Vec<D> take(Vec<D> v) {
+  if constexpr (is_logical(O)) {
+    return _mm256_andnot_si256(is_zero<D>(v), ones<D>());
+  } else {
+    return v;
+  }
+}
+
+// Integers in their own width: sums and products wrap (the instructions do), min/max signed or
+// unsigned, bitwise as is, logical on "not zero" of both sides (so an accumulator that is not 0/1
+// still gives what scalar::combine gives).
+template <DType D, ReduceOp O>
+TD_AVX2 __m256i combine_int(__m256i a, __m256i b) {
+  constexpr std::size_t kSize = dtype_size(D);
+  constexpr bool kSigned = is_signed_integer(D);
+  if constexpr (O == ReduceOp::sum) {
+    if constexpr (kSize == 1) return _mm256_add_epi8(a, b);
+    if constexpr (kSize == 2) return _mm256_add_epi16(a, b);
+    if constexpr (kSize == 4) return _mm256_add_epi32(a, b);
+    if constexpr (kSize == 8) return _mm256_add_epi64(a, b);
+  } else if constexpr (O == ReduceOp::prod) {
+    if constexpr (kSize == 1) return mullo_epi8(a, b);
+    if constexpr (kSize == 2) return _mm256_mullo_epi16(a, b);
+    if constexpr (kSize == 4) return _mm256_mullo_epi32(a, b);
+    if constexpr (kSize == 8) return mullo_epi64(a, b);
+  } else if constexpr (O == ReduceOp::min) {
+    if constexpr (kSize == 1) return kSigned ? _mm256_min_epi8(a, b) : _mm256_min_epu8(a, b);
+    if constexpr (kSize == 2) return kSigned ? _mm256_min_epi16(a, b) : _mm256_min_epu16(a, b);
+    if constexpr (kSize == 4) return kSigned ? _mm256_min_epi32(a, b) : _mm256_min_epu32(a, b);
+    if constexpr (kSize == 8) return minmax_epi64<kSigned, true>(a, b);
+  } else if constexpr (O == ReduceOp::max) {
+    if constexpr (kSize == 1) return kSigned ? _mm256_max_epi8(a, b) : _mm256_max_epu8(a, b);
+    if constexpr (kSize == 2) return kSigned ? _mm256_max_epi16(a, b) : _mm256_max_epu16(a, b);
+    if constexpr (kSize == 4) return kSigned ? _mm256_max_epi32(a, b) : _mm256_max_epu32(a, b);
+    if constexpr (kSize == 8) return minmax_epi64<kSigned, false>(a, b);
+  } else if constexpr (O == ReduceOp::band) {
+    return _mm256_and_si256(a, b);
+  } else if constexpr (O == ReduceOp::bor) {
+    return _mm256_or_si256(a, b);
+  } else if constexpr (O == ReduceOp::bxor) {
+    return _mm256_xor_si256(a, b);
+  } else {
+    static_assert(is_logical(O));
+    if constexpr (O == ReduceOp::lor) {
+      return _mm256_andnot_si256(is_zero<D>(_mm256_or_si256(a, b)), ones<D>());
+    }
+    const __m256i za = is_zero<D>(a), zb = is_zero<D>(b);
+    if constexpr (O == ReduceOp::land) {
+      return _mm256_andnot_si256(_mm256_or_si256(za, zb), ones<D>());
+    }
+    return _mm256_and_si256(_mm256_xor_si256(za, zb), ones<D>());
+  }
+}
+
+/// acc OP x on whole vectors (scalar::combine, lane by lane).
+template <DType D, ReduceOp O>
+TD_AVX2 Vec<D> combine(Vec<D> a, Vec<D> b) {
+  if constexpr (is_integer(D)) {
+    return combine_int<D, O>(a, b);
+  } else if constexpr (D == DType::f64) {
+    return combine_pd<O>(a, b);
+  } else {
+    return combine_ps<O>(a, b);
+  }
+}
+
+// The accumulator: binary32 lanes for f32 and the narrow floats, the wire type for the others.
 template <DType D>
 TD_AVX2 Vec<D> load_acc(const void* acc, std::size_t i) {
-  constexpr DType kLane = D == DType::i32 ? DType::i32 : DType::f32;
+  constexpr DType kLane = is_narrow_float(D) ? DType::f32 : D;
   return load_widen<kLane>(acc, i);
 }
 template <DType D>
 TD_AVX2 void store_acc(void* acc, std::size_t i, Vec<D> v) {
-  if constexpr (D == DType::i32) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::int32_t*>(acc) + i), v);
+  auto* b = static_cast<unsigned char*>(acc) + i * acc_size(D);
+  if constexpr (is_integer(D)) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b), v);
+  } else if constexpr (D == DType::f64) {
+    _mm256_storeu_pd(reinterpret_cast<double*>(b), v);
   } else {
-    _mm256_storeu_ps(static_cast<float*>(acc) + i, v);
+    _mm256_storeu_ps(reinterpret_cast<float*>(b), v);
   }
 }
 
 // The types and operations this path has vector code for; every other defined pair runs the
 // scalar reference.
-constexpr bool vector_type(DType d) noexcept {
-  return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::e4m3 ||
-         d == DType::e5m2 || d == DType::i32;
-}
+constexpr bool vector_type(DType d) noexcept { return !is_pair(d); }
 constexpr bool vector_op(DType d, ReduceOp o) noexcept {
-  return vector_type(d) && (o == ReduceOp::sum || o == ReduceOp::min || o == ReduceOp::max);
+  return vector_type(d) && op_defined(d, o);
 }
 
 struct Avx2ImplVec {
-  template <DType D>
+  template <DType D, ReduceOp O>
   TD_AVX2 static void load(void* acc, const void* payload, std::size_t n) {
+    constexpr std::size_t kW = kLanes<D>;
     std::size_t i = 0;
-    for (; i + kW <= n; i += kW) store_acc<D>(acc, i, load_widen<D>(payload, i));
-    scalar::load<D, ReduceOp::sum>(acc, payload, i, n);
+    for (; i + kW <= n; i += kW) store_acc<D>(acc, i, take<D, O>(load_widen<D>(payload, i)));
+    scalar::load<D, O>(acc, payload, i, n);
   }
+  // The payload goes into combine() as loaded: the logical operations test it for zero there.
   template <DType D, ReduceOp O>
   TD_AVX2 static void accumulate(void* acc, const void* payload, std::size_t n) {
+    constexpr std::size_t kW = kLanes<D>;
     std::size_t i = 0;
     for (; i + kW <= n; i += kW) {
-      store_acc<D>(acc, i, combine<O>(load_acc<D>(acc, i), load_widen<D>(payload, i)));
+      store_acc<D>(acc, i, combine<D, O>(load_acc<D>(acc, i), load_widen<D>(payload, i)));
     }
     scalar::accumulate<D, O>(acc, payload, i, n);
   }
   template <DType D, ReduceOp O>
   TD_AVX2 static void reduce(void* acc, const void* const* payloads, std::size_t k, std::size_t n) {
     if (k == 0) return;
+    constexpr std::size_t kW = kLanes<D>;
     std::size_t i = 0;
     for (; i + kW <= n; i += kW) {
-      Vec<D> v = load_widen<D>(payloads[0], i);
-      for (std::size_t j = 1; j < k; ++j) v = combine<O>(v, load_widen<D>(payloads[j], i));
+      Vec<D> v = take<D, O>(load_widen<D>(payloads[0], i));
+      for (std::size_t j = 1; j < k; ++j) v = combine<D, O>(v, load_widen<D>(payloads[j], i));
       store_acc<D>(acc, i, v);
     }
     scalar::reduce<D, O>(acc, payloads, k, i, n);
   }
   template <DType D>
   TD_AVX2 static void emit(void* payload, const void* acc, std::size_t n) {
+    constexpr std::size_t kW = kLanes<D>;
     std::size_t i = 0;
     for (; i + kW <= n; i += kW) store_narrow<D>(payload, i, load_acc<D>(acc, i));
     scalar::emit<D>(payload, acc, i, n);
@@ -220,7 +385,7 @@ struct Avx2Impl {
   template <DType D, ReduceOp O>
   TD_AVX2 static void load(void* acc, const void* payload, std::size_t n) {
     if constexpr (vector_op(D, O)) {
-      Avx2ImplVec::load<D>(acc, payload, n);
+      Avx2ImplVec::load<D, O>(acc, payload, n);
     } else {
       scalar::load<D, O>(acc, payload, 0, n);
     }
