@@ -12,10 +12,16 @@ namespace {
 TEST(SlowSweep, BigTreesManySeeds) {
   const std::vector<std::vector<int>> shapes = {{64, 4}, {16, 16}, {8, 8, 8}, {4, 64}, {64}};
   std::uint64_t seed = 50000;
-  for (const auto& shape : shapes) {
+  for (std::size_t si = 0; si < shapes.size(); ++si) {
+    const auto& shape = shapes[si];
     for (DType d : kAllDTypes) {
       for (ReduceOp o : kAllReduceOps) {
         if (!op_defined(d, o)) continue;
+        // The six original types' sum/min/max on every shape, the other pairs on two of the five
+        // (rotating), so the suite stays within about a minute.
+        const bool original = static_cast<unsigned>(d) <= 5 && static_cast<unsigned>(o) <= 2;
+        if (!original && (si + static_cast<std::size_t>(d) + static_cast<std::size_t>(o)) % 5 >= 2)
+          continue;
         Scenario s;
         s.dtype = d;
         s.op = o;

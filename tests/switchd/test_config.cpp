@@ -111,8 +111,8 @@ TEST(SwitchConfig, DocExampleLoads) {
   EXPECT_EQ(t.children[1].hosts, 1);
   EXPECT_EQ(t.slots, 16u);
   EXPECT_EQ(t.payload_bytes, 1024u);
-  EXPECT_EQ(t.dtype_mask, 0x3F);
-  EXPECT_EQ(t.op_mask, 0x07);
+  EXPECT_EQ(t.dtype_mask, 0x3Fu | bit(DType::f64) | bit(DType::f64_i32));
+  EXPECT_EQ(t.op_mask, 0x0Fu | bit(ReduceOp::minloc));
   EXPECT_FALSE(t.deterministic);
   EXPECT_EQ(validate(c), "");
 }
