@@ -30,6 +30,7 @@
 
 #include "manager.grpc.pb.h"
 #include "treeduce/lab/emulated_fabric.h"
+#include "treeduce/lab/exact_inputs.h"
 
 namespace treeduce::lab {
 namespace {
@@ -317,19 +318,25 @@ class TestFabric {
   std::vector<Rank> ranks_;
 };
 
+/// The (dtype, op) cases of the options, as refhost runs them: the defined pairs of the two lists.
+std::vector<std::pair<DType, ReduceOp>> pairs_of(const Options& o) {
+  std::vector<DType> dtypes;
+  std::vector<ReduceOp> ops;
+  std::stringstream ds(o.dtypes), os(o.ops);
+  for (std::string x; std::getline(ds, x, ',');) dtypes.push_back(parse_dtype(x).value());
+  for (std::string x; std::getline(os, x, ',');) ops.push_back(parse_op(x).value());
+  std::vector<std::pair<DType, ReduceOp>> pairs;
+  EXPECT_EQ(exact::defined_pairs(dtypes, ops, &pairs), "");
+  return pairs;
+}
+
 /// Chunks of one rank's collectives: what every switch must complete exactly once.
 std::uint64_t chunks(const Options& o) {
   std::uint64_t total = 0;
-  std::stringstream dts(o.dtypes);
-  std::string d;
-  while (std::getline(dts, d, ',')) {
-    const int size = d == "f16" || d == "bf16" ? 2 : d == "e4m3" || d == "e5m2" ? 1 : 4;
-    const int per = static_cast<int>(kStaticPayload) / size;
+  for (const auto& [d, op] : pairs_of(o)) {
+    const std::size_t per = kStaticPayload / dtype_size(d);
     std::stringstream cs(o.counts);
-    std::string c;
-    std::uint64_t per_op = 0;
-    while (std::getline(cs, c, ',')) per_op += (std::stoull(c) + per - 1) / per;
-    total += per_op * static_cast<std::uint64_t>(std::count(o.ops.begin(), o.ops.end(), ',') + 1);
+    for (std::string c; std::getline(cs, c, ',');) total += (std::stoull(c) + per - 1) / per;
   }
   return total * static_cast<std::uint64_t>(o.iters);
 }
@@ -377,6 +384,30 @@ TEST(Fabric, EveryDtypeAndOpExact) {
   for (const auto& m : sw) {
     EXPECT_EQ(counter(m, "treeduce_switch_daemon_total", "counter=\"injected_loss\""), 0u);
   }
+}
+
+// Every defined pair of every type and operation (110), exact through the real switches: one
+// refhost process per rank loops over them, a few thousand elements each (1 to 47 chunks), with
+// loss on the host ports so that retransmissions and unicast RESULTs of 8- and 16-byte elements
+// happen too.
+TEST(Fabric, EveryTypeAndOperationExact) {
+  Options o;
+  o.dtypes = "f32";
+  for (std::size_t d = 1; d < kNumDTypes; ++d) {
+    o.dtypes += ',';
+    o.dtypes += name(kAllDTypes[d]);
+  }
+  o.ops = "sum";
+  for (std::size_t op = 1; op < kNumReduceOps; ++op) {
+    o.ops += ',';
+    o.ops += name(kAllReduceOps[op]);
+  }
+  o.counts = "3000";
+  o.fabric.host_port_loss = 0.01;
+  ASSERT_EQ(pairs_of(o).size(), 110u);
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  run_exact(f, o, 110);
 }
 
 TEST(Fabric, ExactUnderLossOnEveryLink) {
