@@ -5,7 +5,8 @@
 // MPI_SUM and MPI_PROD on MPI_FLOAT and MPI_DOUBLE (the exact inputs' partial sums and products
 // are all representable, so any order gives the same bits); every operation on the integer types
 // (MPI_INT8_T ... MPI_UINT64_T: sums and products wrap, as the switch's; MPI_LAND/LOR/LXOR give
-// 0 or 1, as the switch's); MPI_MINLOC/MAXLOC on MPI_2INT for i32_i32. Everything else is a
+// 0 or 1, as the switch's) except sums of 8- and 16-bit integers (see native()); MPI_MINLOC/MAXLOC
+// on MPI_2INT for i32_i32. Everything else is a
 // commutative MPI_Op_create user op on the aggregation kernels: f32/f64 min/max, because
 // MPI_MIN/MAX are C comparisons that return either of -0 and +0 where IEEE minimum/maximum (the
 // switch's) order -0 below +0; MINLOC/MAXLOC on MPI_FLOAT_INT and MPI_DOUBLE_INT, for the same
@@ -135,7 +136,10 @@ MPI_Datatype mpi_type(DType d) {
 
 // True where MPI's own operation gives the switch's bits (see the top of the file).
 bool native(DType d, ReduceOp op) {
-  if (is_integer(d)) return true;
+  // Open MPI 4.1's AVX op component adds 8- and 16-bit integers with saturating instructions
+  // (measured on Debian 12: i8 sums stuck at 127, u8 at 255, i16 at -32768): those sums take the
+  // kernels, which wrap.
+  if (is_integer(d)) return !(op == ReduceOp::sum && dtype_size(d) < 4);
   if (d == DType::i32_i32) return true;
   if (d == DType::f32 || d == DType::f64) return op == ReduceOp::sum || op == ReduceOp::prod;
   return false;
