@@ -533,6 +533,36 @@ TEST(Fabric, LibraryRanksReduceInTheNetwork) {
 // The spine is killed in the middle of a run: every rank ends within a bounded time, having
 // fallen back to host-side reduction (said out loud) or, when the ranks lost the switch at
 // different collectives, with an error; never with a wrong element, never hanging.
+// Every type and operation through the host library: one treeduce-perf process per rank loops
+// over the 110 defined pairs (-d all -o all, 4 KiB each), the manager's tree takes every one of
+// them into the network (the lab's switches have the server profile), and every element of
+// treeduce's and the Gloo baseline's results is checked exactly.
+TEST(Fabric, LibraryRanksReduceEveryTypeAndOperation) {
+  Options o;
+  o.library = true;
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  auto ranks = f.start_perf("all", {"-b", "4096", "-e", "4096", "-d", "all", "-o", "all", "-n", "1",
+                                    "-w", "0", "--compare", "gloo"});
+  for (Proc* p : ranks) {
+    ASSERT_TRUE(f.lab().wait(*p, std::chrono::seconds(300))) << Lab::read_log(*p);
+    const std::string log = Lab::read_log(*p);
+    EXPECT_EQ(p->status, 0) << log;
+    EXPECT_EQ(perf_account(log), std::make_pair(0, 0LL)) << log;
+    EXPECT_EQ(log.find("falls back"), std::string::npos) << log;
+  }
+  // 110 rows, each one allreduce and the one that sums the wrong counts (i32 sum).
+  const std::string log = Lab::read_log(*ranks[0]);
+  EXPECT_NE(log.find("# verified: 0 wrong elements, 220 ops in the network, 0 on the hosts"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("# gloo: verified: 0 wrong elements, 0 failed operations"), std::string::npos)
+      << log;
+  for (const char* row : {R"( f64_i32 +maxloc .* network )", R"( u64 +lxor .* network )",
+                          R"( i8 +prod .* network )", R"( e4m3 +prod .* network )"})
+    EXPECT_TRUE(std::regex_search(log, std::regex(row))) << row << "\n" << log;
+}
+
 TEST(Fabric, SwitchKilledMidJobFallsBackOrFailsNeverWrong) {
   Options o;
   o.library = true;
