@@ -117,6 +117,35 @@ TEST(SwitchConfig, DocExampleLoads) {
   EXPECT_EQ(validate(c), "");
 }
 
+// Every type and operation name the protocol has is a dtypes:/ops: entry, bit d and bit o.
+TEST(SwitchConfig, EveryTypeAndOperationName) {
+  for (DType d : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      const SwitchConfig c = load(
+          "data: 10.0.0.1\n"
+          "ports: [{name: p0}]\n"
+          "trees:\n"
+          "  - {tree: 1, key: 1, role: root, children: [{addr: 10.1.0.1:1}], dtypes: [" +
+          std::string(name(d)) + "], ops: [" + std::string(name(op)) + "]}\n");
+      ASSERT_EQ(c.trees.size(), 1u) << name(d) << " " << name(op);
+      EXPECT_EQ(c.trees[0].tree.dtype_mask, bit(d));
+      EXPECT_EQ(c.trees[0].tree.op_mask, bit(op));
+    }
+  }
+  std::string all_d, all_o;
+  for (DType d : kAllDTypes) all_d += (all_d.empty() ? "" : ", ") + std::string(name(d));
+  for (ReduceOp op : kAllReduceOps) all_o += (all_o.empty() ? "" : ", ") + std::string(name(op));
+  const SwitchConfig c = load(
+      "data: 10.0.0.1\n"
+      "ports: [{name: p0}]\n"
+      "trees:\n"
+      "  - {tree: 1, key: 1, role: root, children: [{addr: 10.1.0.1:1}], dtypes: [" +
+      all_d + "], ops: [" + all_o + "]}\n");
+  ASSERT_EQ(c.trees.size(), 1u);
+  EXPECT_EQ(c.trees[0].tree.dtype_mask, kAllDTypesMask);
+  EXPECT_EQ(c.trees[0].tree.op_mask, kAllOpsMask);
+}
+
 // The sentences docs/switch-config.md shows under "Errors".
 TEST(SwitchConfig, DocErrorExamples) {
   const std::string yaml = doc_example();
