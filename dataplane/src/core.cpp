@@ -59,7 +59,8 @@ struct Tree {
   agg::ReduceFn reduce[kNumDTypes][kNumReduceOps] = {};
   agg::EmitFn emit[kNumDTypes] = {};
   std::vector<SlotMeta> meta;  // slot * 2 + version
-  // Per slot version, at mem + index * stride: accumulator (32-bit lanes), the outgoing payload
+  // Per slot version, at mem + index * stride: accumulator (acc_size bytes per element, for the
+  // widest of the tree's types: 4x the payload for FP8, 2x for f16/bf16), the outgoing payload
   // (a root's RESULT, a non-root's partial), a non-root's RESULT from its parent, then in
   // deterministic mode one payload per child. The partial and the RESULT have their own buffers
   // because a burst may re-send the partial (a duplicate) and then take the RESULT: both frames

@@ -58,7 +58,7 @@ grpc::Status to_config(const pb::TreeInstall& p, dp::TreeConfig* c) {
   if (p.index_at_parent() > kMax16)
     return invalid("The index at parent " + std::to_string(p.index_at_parent()) + " of " + tree +
                    " is above " + std::to_string(kMax16) + ".");
-  if (p.dtype_mask() > 0xFF || p.op_mask() > 0xFF)
+  if ((p.dtype_mask() & ~kAllDTypesMask) != 0 || (p.op_mask() & ~kAllOpsMask) != 0)
     return invalid("The dtype or op mask of " + tree + " names types that do not exist.");
   c->tree_id = std::uint16_t(p.tree_id());
   c->key = p.key();
@@ -83,8 +83,8 @@ grpc::Status to_config(const pb::TreeInstall& p, dp::TreeConfig* c) {
   }
   c->slots = p.slots();
   c->payload_bytes = p.payload_bytes();
-  c->dtype_mask = std::uint8_t(p.dtype_mask());
-  c->op_mask = std::uint8_t(p.op_mask());
+  c->dtype_mask = p.dtype_mask();
+  c->op_mask = p.op_mask();
   c->deterministic = p.deterministic();
   return grpc::Status::OK;
 }

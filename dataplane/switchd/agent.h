@@ -41,8 +41,8 @@ struct AgentResources {
   std::uint32_t max_payload_bytes = 8192;
   std::uint64_t memory_bytes = 1ull << 30;
   std::uint32_t max_children = 64;
-  std::uint32_t dtype_mask = 0x3F;
-  std::uint32_t op_mask = 0x7;
+  std::uint32_t dtype_mask = kAllDTypesMask;  ///< a software switch reduces every type
+  std::uint32_t op_mask = kAllOpsMask;        ///< and every operation
   bool deterministic = true;
 };
 

@@ -1,12 +1,14 @@
 // The baselines treeduce-perf compares libtreeduce with (--compare): Gloo's ring allreduce over
 // its TCP transport (perf_gloo.cpp) and MPI_Allreduce (perf_mpi.cpp, only in builds with MPI).
 //
-// Both reduce the element types on the wire as they are (2 bytes for f16/bf16, 1 for e4m3/e5m2),
-// as NCCL and MPI users do, so that the bytes moved are the same as treeduce's. Where the
-// element reduction is ours (every Gloo reduction, and MPI's user-defined ops) it is the
-// aggregation library's SIMD kernels: each step widens both operands to binary32, combines them
-// and narrows the result. On the exact inputs of treeduce/lab/exact_inputs.h every partial result
-// is representable, so rounding at each step gives the same bits as the switch's single rounding,
+// Both reduce the element types on the wire as they are (2 bytes for f16/bf16, 1 for e4m3/e5m2,
+// 8 for f64/i64/u64 and the 4-byte-value pairs, 16 for f64_i32), as NCCL and MPI users do, so
+// that the bytes moved are the same as treeduce's. Where the element reduction is ours (every
+// Gloo reduction, and MPI's user-defined ops) it is the aggregation library's SIMD kernels: each
+// step loads one operand into an accumulator (binary32 for the narrow floats, 0/1 for the logical
+// operations), combines the other and emits the result (one rounding, canonical NaNs, zero
+// padding). On the exact inputs of treeduce/lab/exact_inputs.h every partial result is
+// representable, so rounding at each step gives the same bits as the switch's single rounding,
 // and every result is checked element by element like treeduce's.
 #pragma once
 

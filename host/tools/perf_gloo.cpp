@@ -25,18 +25,27 @@ namespace {
 
 using ReduceFunc = gloo::AllreduceOptions::Func;
 
-// c = narrow(widen(a) OP widen(b)) for the narrow types, through a binary32 scratch buffer (so c
-// may be a or b).
-ReduceFunc reduce_narrow(DType d, agg::AccumulateFn acc, std::vector<float>* wide) {
+// c = emit(load(a) OP b) through an accumulator scratch buffer of acc_size(d)-byte elements (so
+// c may be a or b): binary32 for the narrow floats, 0/1 for the logical operations, canonical
+// NaNs out of MINLOC/MAXLOC, zero padding in f64_i32 (kernels.h).
+ReduceFunc reduce_generic(DType d, ReduceOp op, std::vector<std::uint8_t>* scratch) {
   const agg::KernelTable& k = agg::kernels();
-  return [load = k.load_fn(d, ReduceOp::sum), emit = k.emit_fn(d), acc, wide](
-             void* c, const void* a, const void* b, std::size_t n) {
-    if (wide->size() < n) wide->resize(n);
-    load(wide->data(), a, n);
-    acc(wide->data(), b, n);
-    emit(c, wide->data(), n);
+  return [load = k.load_fn(d, op), acc = k.accumulate_fn(d, op), emit = k.emit_fn(d),
+          size = acc_size(d), scratch](void* c, const void* a, const void* b, std::size_t n) {
+    if (scratch->size() < n * size) scratch->resize(n * size);
+    load(scratch->data(), a, n);
+    acc(scratch->data(), b, n);
+    emit(c, scratch->data(), n);
   };
 }
+
+// Gloo only needs the element size; the reduce function knows the real type.
+struct Bytes8 {
+  std::uint8_t b[8];
+};
+struct Bytes16 {
+  std::uint8_t b[16];
+};
 
 class GlooBaseline final : public Baseline {
  public:
@@ -48,16 +57,28 @@ class GlooBaseline final : public Baseline {
   std::string allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                         ReduceOp op) override {
     const agg::AccumulateFn acc = agg::kernels().accumulate_fn(dtype, op);
+    // f32 and i32 sum/min/max reduce in place, as libtreeduce's own host path does; the others
+    // (narrow floats, logical operations, pairs, ...) through the generic scratch path.
+    const bool in_place = (dtype == DType::f32 || dtype == DType::i32) &&
+                          (op == ReduceOp::sum || op == ReduceOp::min || op == ReduceOp::max);
     try {
       switch (dtype_size(dtype)) {
         case 4:
-          run<std::uint32_t>(send, recv, count, host::gloo_reduce_32(acc));
+          run<std::uint32_t>(
+              send, recv, count,
+              in_place ? host::gloo_reduce_32(acc) : reduce_generic(dtype, op, &scratch_));
           break;
         case 2:
-          run<std::uint16_t>(send, recv, count, reduce_narrow(dtype, acc, &wide_));
+          run<std::uint16_t>(send, recv, count, reduce_generic(dtype, op, &scratch_));
+          break;
+        case 8:
+          run<Bytes8>(send, recv, count, reduce_generic(dtype, op, &scratch_));
+          break;
+        case 16:
+          run<Bytes16>(send, recv, count, reduce_generic(dtype, op, &scratch_));
           break;
         default:
-          run<std::uint8_t>(send, recv, count, reduce_narrow(dtype, acc, &wide_));
+          run<std::uint8_t>(send, recv, count, reduce_generic(dtype, op, &scratch_));
       }
     } catch (const std::exception& e) {
       return "Gloo's ring allreduce of " + std::to_string(count) + " " +
@@ -81,7 +102,7 @@ class GlooBaseline final : public Baseline {
 
   std::shared_ptr<gloo::Context> ctx_;
   std::chrono::milliseconds timeout_;
-  std::vector<float> wide_;  // binary32 scratch of the narrow types' reduce function
+  std::vector<std::uint8_t> scratch_;  // accumulator scratch of reduce_generic()
 };
 
 }  // namespace

@@ -2,18 +2,24 @@
 // library chooses for the size (Open MPI's tuned component: recursive doubling, ring, ...).
 //
 // Operations. Native ones where they give exactly the switch's results on every input:
-// MPI_SUM on MPI_FLOAT for f32 sum (the exact inputs' partial sums are all representable, so any
-// order gives the same bits), and MPI_SUM/MPI_MIN/MAX on MPI_INT32_T for i32 (sums wrap, as the
-// switch's). Everything else is a commutative MPI_Op_create user op on the aggregation kernels:
-// f32 min/max, because MPI_MIN/MAX are C comparisons that return either of -0 and +0 where IEEE
-// minimum/maximum (the switch's) order -0 below +0, and every op on f16, bf16, e4m3 and e5m2,
-// which MPI has no type for (they travel as MPI_UINT16_T or MPI_UINT8_T, 2 and 1 bytes each).
+// MPI_SUM and MPI_PROD on MPI_FLOAT and MPI_DOUBLE (the exact inputs' partial sums and products
+// are all representable, so any order gives the same bits); every operation on the integer types
+// (MPI_INT8_T ... MPI_UINT64_T: sums and products wrap, as the switch's; MPI_LAND/LOR/LXOR give
+// 0 or 1, as the switch's) except sums of 8- and 16-bit integers (see native()); MPI_MINLOC/MAXLOC
+// on MPI_2INT for i32_i32. Everything else is a
+// commutative MPI_Op_create user op on the aggregation kernels: f32/f64 min/max, because
+// MPI_MIN/MAX are C comparisons that return either of -0 and +0 where IEEE minimum/maximum (the
+// switch's) order -0 below +0; MINLOC/MAXLOC on MPI_FLOAT_INT and MPI_DOUBLE_INT, for the same
+// reason and because a NaN value compares unordered in C (the switch's MINLOC puts it below
+// everything and emits the canonical NaN); and every op on f16, bf16, e4m3 and e5m2, which MPI
+// has no type for (they travel as MPI_UINT16_T or MPI_UINT8_T, 2 and 1 bytes each).
 // The C API is all this needs; Open MPI's deprecated C++ bindings do not build with -Werror.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <array>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -32,14 +38,18 @@ template <DType D, ReduceOp O>
 void kernel_op(void* in, void* inout, int* len, MPI_Datatype*) {
   const agg::KernelTable& k = agg::kernels();
   const auto n = static_cast<std::size_t>(*len);
-  if constexpr (dtype_size(D) == 4) {
-    k.accumulate_fn(D, O)(inout, in, n);  // 32-bit lanes: the elements are the accumulator
+  if constexpr (D == DType::f32 && (O == ReduceOp::min || O == ReduceOp::max)) {
+    k.accumulate_fn(D, O)(inout, in, n);  // binary32 lanes: the elements are the accumulator
   } else {
-    thread_local std::vector<float> wide;  // MPI may call this from a progress thread
-    if (wide.size() < n) wide.resize(n);
-    k.load_fn(D, O)(wide.data(), inout, n);
-    k.accumulate_fn(D, O)(wide.data(), in, n);
-    k.emit_fn(D)(inout, wide.data(), n);
+    // Through an accumulator of acc_size(D)-byte elements: binary32 for the narrow types,
+    // canonical NaNs and zero padding for the pairs (kernels.h).
+    thread_local std::vector<std::uint8_t> acc;  // MPI may call this from a progress thread
+    if (acc.size() < n * acc_size(D)) acc.resize(n * acc_size(D));
+    if (const auto load = k.load_fn(D, O)) {  // nullptr for pairs with no meaning: never called
+      load(acc.data(), inout, n);
+      k.accumulate_fn(D, O)(acc.data(), in, n);
+      k.emit_fn(D)(inout, acc.data(), n);
+    }
   }
 }
 
@@ -56,7 +66,83 @@ constexpr std::array<std::array<MPI_User_function*, kNumReduceOps>, kNumDTypes> 
 constexpr auto kKernelOps = table_of(std::make_index_sequence<kNumDTypes>());
 
 MPI_Op native_op(ReduceOp op) {
-  return op == ReduceOp::sum ? MPI_SUM : op == ReduceOp::min ? MPI_MIN : MPI_MAX;
+  switch (op) {
+    case ReduceOp::sum:
+      return MPI_SUM;
+    case ReduceOp::min:
+      return MPI_MIN;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::prod:
+      return MPI_PROD;
+    case ReduceOp::band:
+      return MPI_BAND;
+    case ReduceOp::bor:
+      return MPI_BOR;
+    case ReduceOp::bxor:
+      return MPI_BXOR;
+    case ReduceOp::land:
+      return MPI_LAND;
+    case ReduceOp::lor:
+      return MPI_LOR;
+    case ReduceOp::lxor:
+      return MPI_LXOR;
+    case ReduceOp::minloc:
+      return MPI_MINLOC;
+    case ReduceOp::maxloc:
+      return MPI_MAXLOC;
+  }
+  return MPI_OP_NULL;
+}
+
+// The MPI datatype each wire type travels as.
+MPI_Datatype mpi_type(DType d) {
+  switch (d) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i8:
+      return MPI_INT8_T;
+    case DType::u8:
+      return MPI_UINT8_T;
+    case DType::i16:
+      return MPI_INT16_T;
+    case DType::u16:
+      return MPI_UINT16_T;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::u32:
+      return MPI_UINT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u64:
+      return MPI_UINT64_T;
+    case DType::f32_i32:
+      return MPI_FLOAT_INT;
+    case DType::f64_i32:
+      return MPI_DOUBLE_INT;
+    case DType::i32_i32:
+      return MPI_2INT;
+    case DType::f16:
+    case DType::bf16:
+      return MPI_UINT16_T;
+    case DType::e4m3:
+    case DType::e5m2:
+      return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+// True where MPI's own operation gives the switch's bits (see the top of the file).
+bool native(DType d, ReduceOp op) {
+  // Open MPI 4.1's AVX op component adds 8- and 16-bit integers with saturating instructions
+  // (measured on Debian 12: i8 sums stuck at 127, u8 at 255, i16 at -32768): those sums take the
+  // kernels, which wrap.
+  if (is_integer(d)) return !(op == ReduceOp::sum && dtype_size(d) < 4);
+  if (d == DType::i32_i32) return true;
+  if (d == DType::f32 || d == DType::f64) return op == ReduceOp::sum || op == ReduceOp::prod;
+  return false;
 }
 
 std::string mpi_error(int code) {
@@ -82,12 +168,8 @@ class MpiBaseline final : public Baseline {
 
   std::string allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                         ReduceOp op) override {
-    MPI_Datatype type = dtype == DType::i32      ? MPI_INT32_T
-                        : dtype == DType::f32    ? MPI_FLOAT
-                        : dtype_size(dtype) == 2 ? MPI_UINT16_T
-                                                 : MPI_UINT8_T;
-    const bool native = dtype == DType::i32 || (dtype == DType::f32 && op == ReduceOp::sum);
-    const MPI_Op mop = native
+    const MPI_Datatype type = mpi_type(dtype);
+    const MPI_Op mop = native(dtype, op)
                            ? native_op(op)
                            : user_[static_cast<std::size_t>(dtype)][static_cast<std::size_t>(op)];
     if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
@@ -95,7 +177,15 @@ class MpiBaseline final : public Baseline {
              " elements are too many.";
     }
     const int rc = MPI_Allreduce(send, recv, static_cast<int>(count), type, mop, MPI_COMM_WORLD);
-    if (rc == MPI_SUCCESS) return "";
+    if (rc == MPI_SUCCESS) {
+      // MPI_DOUBLE_INT's 4 bytes after the int are padding MPI need not move; the protocol
+      // defines them as zero in a result (docs/protocol.md), so they are set here, not checked.
+      if (dtype == DType::f64_i32) {
+        auto* p = static_cast<std::uint8_t*>(recv);
+        for (std::size_t i = 0; i < count; ++i) std::memset(p + 16 * i + 12, 0, 4);
+      }
+      return "";
+    }
     return "MPI_Allreduce of " + std::to_string(count) + " " + std::string(treeduce::name(dtype)) +
            " elements failed: " + mpi_error(rc) + ".";
   }

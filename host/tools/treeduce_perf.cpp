@@ -45,14 +45,25 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// A comma list of names (name(E)), or "all" for every one. "" or a sentence naming the unknown
+// name and the known ones.
 template <class E, std::size_t N>
-bool parse_names(const std::string& list, const std::array<E, N>& all, std::vector<E>* out) {
+std::string parse_names(const char* flag, const std::string& list, const std::array<E, N>& all,
+                        std::vector<E>* out) {
+  std::string known;
+  for (E e : all) known += (known.empty() ? "" : ", ") + std::string(name(e));
   for (const std::string& n : split(list)) {
+    if (n == "all") {
+      out->insert(out->end(), all.begin(), all.end());
+      continue;
+    }
     const auto it = std::find_if(all.begin(), all.end(), [&](E e) { return name(e) == n; });
-    if (it == all.end()) return false;
+    if (it == all.end())
+      return std::string(flag) + ": '" + n + "' is not one of all, " + known + ".";
     out->push_back(*it);
   }
-  return !out->empty();
+  if (out->empty()) return std::string(flag) + " names nothing; give all or some of " + known + ".";
+  return "";
 }
 
 // --compare's list, each name once, in the order given. "" or an error sentence.
@@ -162,7 +173,7 @@ std::int32_t count_wrong(const std::string& backend, std::uint32_t rank, DType d
                          const std::vector<std::uint8_t>& want, std::size_t count) {
   std::int32_t wrong = 0;
   for (std::size_t i = 0; i < count; ++i) {
-    const std::uint32_t g = exact::load(d, got.data(), i), w = exact::load(d, want.data(), i);
+    const exact::Elem g = exact::load(d, got.data(), i), w = exact::load(d, want.data(), i);
     if (g == w) continue;
     if (wrong++ == 0) {
       std::fprintf(stderr,
@@ -322,6 +333,7 @@ struct Config {
   std::uint64_t seed = 1;
   std::vector<DType> dtypes;
   std::vector<ReduceOp> ops;
+  std::vector<std::pair<DType, ReduceOp>> pairs;  // the defined ones, dtype-major
 };
 
 // Whole-run account of one backend on this rank (own) and over all ranks (summed).
@@ -341,8 +353,7 @@ class Sweep {
 
   void run() {
     for (std::uint64_t bytes = cfg_.min_bytes; bytes <= cfg_.max_bytes; bytes *= cfg_.factor)
-      for (DType d : cfg_.dtypes)
-        for (ReduceOp op : cfg_.ops) run_row(bytes, d, op);
+      for (const auto& [d, op] : cfg_.pairs) run_row(bytes, d, op);
   }
 
   const std::vector<Account>& accounts() const { return accounts_; }
@@ -519,8 +530,14 @@ int main(int argc, char** argv) {
   app.add_option("-e,--maxbytes", cfg.max_bytes, "largest message")->capture_default_str();
   app.add_option("-f,--stepfactor", cfg.factor, "size multiplier per step")
       ->check(CLI::Range(2, 1024));
-  app.add_option("-d,--dtypes", dtypes, "element types")->capture_default_str();
-  app.add_option("-o,--ops", ops, "operations: sum, min, max")->capture_default_str();
+  app.add_option("-d,--dtypes", dtypes,
+                 "element types, a comma list or all: f32, f16, bf16, e4m3, e5m2, i32, i8, u8, "
+                 "i16, u16, u32, i64, u64, f64, f32_i32, f64_i32, i32_i32")
+      ->capture_default_str();
+  app.add_option("-o,--ops", ops,
+                 "operations, a comma list or all: sum, min, max, prod, band, bor, bxor, land, "
+                 "lor, lxor, minloc, maxloc; each type runs the ones defined on it")
+      ->capture_default_str();
   app.add_option("-n,--iters", cfg.iters, "timed iterations")->check(CLI::Range(1, 100000));
   app.add_option("-w,--warmup", cfg.warmup, "untimed iterations first")->check(CLI::Range(0, 1000));
   app.add_option("-c,--check", cfg.check, "check every result (1) or not (0)");
@@ -532,9 +549,15 @@ int main(int argc, char** argv) {
                  "baselines run on the same ranks and buffers after treeduce, per row: a comma "
                  "list of gloo (Gloo's ring allreduce), mpi (MPI_Allreduce)");
   CLI11_PARSE(app, argc, argv);
-  if (!parse_names(dtypes, kAllDTypes, &cfg.dtypes) || !parse_names(ops, kAllReduceOps, &cfg.ops) ||
-      cfg.min_bytes == 0 || cfg.max_bytes < cfg.min_bytes) {
-    std::fprintf(stderr, "treeduce-perf: bad --dtypes, --ops or sizes.\n");
+  std::string bad = parse_names("--dtypes", dtypes, kAllDTypes, &cfg.dtypes);
+  if (bad.empty()) bad = parse_names("--ops", ops, kAllReduceOps, &cfg.ops);
+  // A type with none of the operations defined on it (or the other way round) is an error that
+  // names both; other undefined pairs of the two lists are left out.
+  if (bad.empty()) bad = exact::defined_pairs(cfg.dtypes, cfg.ops, &cfg.pairs);
+  if (bad.empty() && (cfg.min_bytes == 0 || cfg.max_bytes < cfg.min_bytes))
+    bad = "--minbytes must be at least 1 and at most --maxbytes.";
+  if (!bad.empty()) {
+    std::fprintf(stderr, "treeduce-perf: %s\n", bad.c_str());
     return 2;
   }
   std::vector<std::string> names;

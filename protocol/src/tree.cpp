@@ -76,10 +76,18 @@ std::optional<TreeIssue> validate_tree(const TreeConfig& t) {
   if (auto s = check_slots(t.slots)) return issue(TreeField::slots, std::move(*s));
   if (auto s = check_payload_bytes(t.payload_bytes))
     return issue(TreeField::payload_bytes, std::move(*s));
-  if ((t.dtype_mask & kAllDTypesMask) == 0 || (t.dtype_mask & ~kAllDTypesMask) != 0)
+  if ((t.dtype_mask & kAllDTypesMask) == 0)
     return issue(TreeField::dtype_mask, "dtypes must name at least one type.");
-  if ((t.op_mask & kAllOpsMask) == 0 || (t.op_mask & ~kAllOpsMask) != 0)
+  if (const std::uint32_t bad = t.dtype_mask & ~kAllDTypesMask; bad != 0)
+    return issue(TreeField::dtype_mask,
+                 "dtypes names a type with code " + std::to_string(std::countr_zero(bad)) +
+                     "; the codes are 0 to " + std::to_string(kNumDTypes - 1) + ".");
+  if ((t.op_mask & kAllOpsMask) == 0)
     return issue(TreeField::op_mask, "ops must name at least one operation.");
+  if (const std::uint32_t bad = t.op_mask & ~kAllOpsMask; bad != 0)
+    return issue(TreeField::op_mask,
+                 "ops names an operation with code " + std::to_string(std::countr_zero(bad)) +
+                     "; the codes are 0 to " + std::to_string(kNumReduceOps - 1) + ".");
   if (t.role != Role::leaf && t.role != Role::inner && t.role != Role::root)
     return issue(TreeField::role, "the role must be leaf, inner or root.");
   const bool has_parent = t.parent.ip != 0 || t.parent.port != 0;

@@ -34,7 +34,7 @@ TEST(CoreInstall, RejectsBadConfigs) {
   bad.dtype_mask = 0;
   EXPECT_EQ(core.install_tree(bad).code(), treeduce::Code::invalid_argument);
   bad = t;
-  bad.op_mask = 0x8;
+  bad.op_mask = 1u << 12;  // no such operation
   EXPECT_EQ(core.install_tree(bad).code(), treeduce::Code::invalid_argument);
   bad = t;
   bad.children[0].hosts = 0;
@@ -185,8 +185,10 @@ TEST(CoreRefusals, EachReasonIsNackedAndCounted) {
       {DropReason::bad_child,
        [](TdHdr& t, Endpoint&, std::size_t&) { t.child.set(std::uint16_t{2}); }},
       {DropReason::bad_source, [](TdHdr&, Endpoint& e, std::size_t&) { e = child_ep(1); }},
-      {DropReason::bad_dtype_op, [](TdHdr& t, Endpoint&, std::size_t&) { t.op = 3; }},
-      {DropReason::bad_dtype_op, [](TdHdr& t, Endpoint&, std::size_t&) { t.dtype = 6; }},
+      {DropReason::bad_dtype_op, [](TdHdr& t, Endpoint&, std::size_t&) { t.op = 12; }},
+      {DropReason::bad_dtype_op, [](TdHdr& t, Endpoint&, std::size_t&) { t.dtype = 17; }},
+      {DropReason::bad_dtype_op,  // f32 band: a pair with no meaning
+       [](TdHdr& t, Endpoint&, std::size_t&) { t.op = static_cast<std::uint8_t>(ReduceOp::band); }},
       {DropReason::bad_count,
        [](TdHdr& t, Endpoint&, std::size_t& n) {
          t.count.set(std::uint16_t{65});

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "test_util.h"
 #include "treeduce/protocol/reasons.h"
@@ -151,6 +154,28 @@ TEST(Counters, NamesComeFromTheXMacro) {
   for (std::size_t i = 0; i < kNumReasons; ++i) {
     EXPECT_FALSE(description(static_cast<Reason>(i)).empty());
   }
+}
+
+// docs/protocol.md section 2.1 is normative: a row per dtype code with its name and size, and a
+// row per op code with its name, exactly as dtype.h has them.
+TEST(Wire, TheDocumentedCodeTablesAreTheCodes) {
+  std::ifstream in(std::string(TREEDUCE_SOURCE_ROOT) + "/docs/protocol.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  for (DType d : kAllDTypes) {
+    const std::string row = "\n| " + std::to_string(static_cast<unsigned>(d)) + " | `" +
+                            std::string(name(d)) + "` | " + std::to_string(dtype_size(d)) + " | ";
+    EXPECT_NE(doc.find(row), std::string::npos) << row;
+  }
+  for (ReduceOp op : kAllReduceOps) {
+    const std::string row = "\n| " + std::to_string(static_cast<unsigned>(op)) + " | `" +
+                            std::string(name(op)) + "` | ";
+    EXPECT_NE(doc.find(row), std::string::npos) << row;
+  }
+  // Nothing beyond the last codes: the next one would be a new row.
+  EXPECT_EQ(doc.find("\n| " + std::to_string(kNumDTypes) + " | `"), std::string::npos);
 }
 
 }  // namespace

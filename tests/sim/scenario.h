@@ -9,6 +9,7 @@
 
 #include "sim_fabric.h"
 #include "treeduce/aggregation/convert.h"
+#include "treeduce/lab/exact_inputs.h"
 
 namespace treeduce::sim {
 
@@ -18,7 +19,11 @@ struct Scenario {
   std::vector<int> fanins = {4};  ///< per level, root first; the last level's children are hosts
   LinkModel link;
   bool deterministic = false;
-  bool exact = true;  ///< integer-valued data: sums exact in FP32 whatever the order
+  /// Order-independent data whose result is known without the kernels (exact::Inputs), where the
+  /// world allows (see uses_exact_inputs()); else integer-valued data whose sums are exact in
+  /// FP32 whatever the order. false: spread-out float values (integer and pair types are always
+  /// exact).
+  bool exact = true;
   std::uint32_t slots = 4;
   std::uint32_t payload_bytes = 256;
   std::size_t bytes = 2048;  ///< per collective per host (rounded down to whole elements)
@@ -38,9 +43,19 @@ inline std::string describe(const Scenario& s) {
          std::to_string(s.seed);
 }
 
-/// Wire bytes of `count` elements: small integers (exact) or spread-out values (not exact).
-inline std::vector<std::uint8_t> make_input(DType d, std::size_t count, bool exact,
-                                            std::mt19937_64& rng) {
+/// True when the scenario's inputs come from exact::Inputs, whose expected results are computed
+/// independently of the kernels: always for integer and pair types and the new float operations,
+/// for float types when exact and the world is small enough for exact sums in the wire type.
+inline bool uses_exact_inputs(const Scenario& s, std::size_t world) {
+  if (!is_float(s.dtype)) return true;
+  if (!s.exact) return false;
+  return s.op != ReduceOp::sum || exact::sum_bound(s.dtype, static_cast<std::uint32_t>(world)) > 0;
+}
+
+/// Wire bytes of `count` float elements: small integers (sums exact in FP32 in any order; the
+/// reference follows the tree) or spread-out values (not exact).
+inline std::vector<std::uint8_t> make_float_input(DType d, std::size_t count, bool exact,
+                                                  std::mt19937_64& rng) {
   std::vector<std::uint8_t> v(count * dtype_size(d));
   std::uniform_int_distribution<int> small(-100, 100);
   std::normal_distribution<float> normal(0.0f, 3.0f);
@@ -48,15 +63,12 @@ inline std::vector<std::uint8_t> make_input(DType d, std::size_t count, bool exa
     const float x = exact ? static_cast<float>(small(rng)) : normal(rng) * (1.0f + (i % 7));
     std::uint8_t* p = v.data() + i * dtype_size(d);
     switch (d) {
-      default:  // TODO(issue 14): the types added by issue 14
-        break;
-      case DType::f32: {
+      case DType::f32:
         std::memcpy(p, &x, 4);
         break;
-      }
-      case DType::i32: {
-        const auto r = static_cast<std::uint32_t>(rng());
-        std::memcpy(p, &r, 4);
+      case DType::f64: {
+        const double y = x;
+        std::memcpy(p, &y, 8);
         break;
       }
       case DType::f16: {
@@ -75,6 +87,9 @@ inline std::vector<std::uint8_t> make_input(DType d, std::size_t count, bool exa
       case DType::e5m2:
         *p = agg::f32_to_e5m2(x);
         break;
+      default:
+        ADD_FAILURE() << name(d) << " is not a float type: its inputs come from exact::Inputs";
+        return v;
     }
   }
   return v;
@@ -108,13 +123,28 @@ inline JobSpec make_job(const Scenario& s, TopoNode root, std::mt19937_64& rng) 
   j.payload_bytes = s.payload_bytes;
   j.root = std::move(root);
   const std::size_t hosts = count_hosts(j.root);
+  const bool from_exact = uses_exact_inputs(s, hosts);
   for (int c = 0; c < s.collectives; ++c) {
     // Vary the size so that collectives end on partial chunks and on slot boundaries.
     const std::size_t count = s.bytes / dtype_size(s.dtype) - static_cast<std::size_t>(c) * 3;
     j.inputs.emplace_back();
-    for (std::size_t h = 0; h < hosts; ++h) {
-      j.inputs.back().push_back(make_input(s.dtype, count, s.exact, rng));
+    if (!from_exact) {
+      for (std::size_t h = 0; h < hosts; ++h)
+        j.inputs.back().push_back(make_float_input(s.dtype, count, s.exact, rng));
+      continue;
     }
+    // Host h is rank h; the expected result is computed without the kernels.
+    const exact::Inputs in(rng(), exact::Case{s.dtype, s.op, count, static_cast<std::uint32_t>(c)},
+                           static_cast<std::uint32_t>(hosts));
+    std::vector<std::uint8_t> want(count * dtype_size(s.dtype));
+    for (std::size_t h = 0; h < hosts; ++h) {
+      std::vector<std::uint8_t> v(count * dtype_size(s.dtype));
+      for (std::size_t i = 0; i < count; ++i)
+        exact::store(s.dtype, v.data(), i, in.element(static_cast<std::uint32_t>(h), i));
+      j.inputs.back().push_back(std::move(v));
+    }
+    for (std::size_t i = 0; i < count; ++i) exact::store(s.dtype, want.data(), i, in.expected(i));
+    j.expected.push_back(std::move(want));
   }
   return j;
 }
@@ -126,18 +156,33 @@ inline std::size_t total_chunks(const JobSpec& j) {
   return n;
 }
 
-/// Every host's every result equals the reference, byte for byte.
+/// Every host's every result equals the reference (the scalar kernels along the tree), byte for
+/// byte, and the independently computed expected result where the inputs have one.
 inline void expect_results(const Fabric& fab, int job, const std::string& what) {
   const JobSpec& spec = fab.job(job);
   const auto hosts = fab.hosts(job);
+  const std::size_t es = dtype_size(spec.dtype);
   for (std::size_t c = 0; c < spec.inputs.size(); ++c) {
     const auto ref = reference(spec, c);
+    if (c < spec.expected.size()) {
+      const auto& want = spec.expected[c];
+      ASSERT_EQ(want.size(), ref.size()) << what;
+      for (std::size_t i = 0; i < want.size() / es; ++i) {
+        ASSERT_EQ(exact::load(spec.dtype, ref.data(), i), exact::load(spec.dtype, want.data(), i))
+            << what << ": the kernels' reference, collective " << c << " element " << i << ": "
+            << exact::show(spec.dtype, exact::load(spec.dtype, ref.data(), i)) << ", expected "
+            << exact::show(spec.dtype, exact::load(spec.dtype, want.data(), i));
+      }
+    }
     for (const HostNode* h : hosts) {
       ASSERT_EQ(h->outputs[c].size(), ref.size()) << what;
       if (h->outputs[c] != ref) {
         std::size_t i = 0;
         while (h->outputs[c][i] == ref[i]) ++i;
-        FAIL() << what << ": host " << h->index << " collective " << c << " differs at byte " << i;
+        FAIL() << what << ": host " << h->index << " collective " << c << " element " << i / es
+               << " is "
+               << exact::show(spec.dtype, exact::load(spec.dtype, h->outputs[c].data(), i / es))
+               << ", not " << exact::show(spec.dtype, exact::load(spec.dtype, ref.data(), i / es));
       }
     }
   }

@@ -329,7 +329,7 @@ void reduce_subtree(const JobSpec& spec, const TopoNode& n, std::size_t collecti
   // matters for being obviously the same computation.
   const std::size_t per = spec.payload_bytes / dtype_size(spec.dtype);
   out->assign(kids[0].size(), 0);
-  std::vector<float> acc(per);
+  std::vector<std::uint8_t> acc(per * acc_size(spec.dtype));
   std::vector<const void*> ptrs(kids.size());
   for (std::size_t first = 0; first < count; first += per) {
     const std::size_t m = std::min(per, count - first);

@@ -48,6 +48,9 @@ struct JobSpec {
   TopoNode root;
   /// inputs[collective][host] = wire-type bytes; hosts are the leaves in depth-first order.
   std::vector<std::vector<std::vector<std::uint8_t>>> inputs;
+  /// expected[collective]: the result computed without the kernels (exact::Inputs), when the
+  /// inputs have one; empty otherwise.
+  std::vector<std::vector<std::uint8_t>> expected;
   std::uint64_t rto_initial_ns = 50'000;
   std::uint64_t rto_max_ns = 1'000'000;
 };

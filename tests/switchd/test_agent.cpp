@@ -158,8 +158,8 @@ pb::TreeInstall full_install() {
   c1->set_hosts(65535);
   p.set_slots(64);
   p.set_payload_bytes(2048);
-  p.set_dtype_mask(0x05);
-  p.set_op_mask(0x03);
+  p.set_dtype_mask(0x05 | 1u << 16);  // i32_i32: a code above 8 bits
+  p.set_op_mask(0x03 | 1u << 11);     // maxloc
   p.set_deterministic(true);
   p.set_job("train");
   return p;
@@ -222,8 +222,8 @@ TEST_F(Direct, InstallConvertsEveryField) {
   EXPECT_EQ(c.children[1].hosts, 65535);
   EXPECT_EQ(c.slots, 64u);
   EXPECT_EQ(c.payload_bytes, 2048u);
-  EXPECT_EQ(c.dtype_mask, 0x05);
-  EXPECT_EQ(c.op_mask, 0x03);
+  EXPECT_EQ(c.dtype_mask, 0x05 | 1u << 16);
+  EXPECT_EQ(c.op_mask, 0x03 | 1u << 11);
   EXPECT_TRUE(c.deterministic);
 }
 
@@ -310,8 +310,8 @@ TEST_F(Direct, ValuesTooWideForTheSwitchAreRefusedNotTruncated) {
       {"Child 1", [](pb::TreeInstall& m) { m.mutable_children(1)->set_hosts(65536); }},
       {"port 70000",
        [](pb::TreeInstall& m) { m.mutable_children(0)->mutable_addr()->set_port(70000); }},
-      {"mask", [](pb::TreeInstall& m) { m.set_dtype_mask(0x100); }},
-      {"mask", [](pb::TreeInstall& m) { m.set_op_mask(0x100); }},
+      {"mask", [](pb::TreeInstall& m) { m.set_dtype_mask(1u << 17); }},
+      {"mask", [](pb::TreeInstall& m) { m.set_op_mask(1u << 12); }},
   };
   for (auto [what, mutate] : cases) {
     auto m = full_install();

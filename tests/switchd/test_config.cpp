@@ -111,10 +111,39 @@ TEST(SwitchConfig, DocExampleLoads) {
   EXPECT_EQ(t.children[1].hosts, 1);
   EXPECT_EQ(t.slots, 16u);
   EXPECT_EQ(t.payload_bytes, 1024u);
-  EXPECT_EQ(t.dtype_mask, 0x3F);
-  EXPECT_EQ(t.op_mask, 0x07);
+  EXPECT_EQ(t.dtype_mask, 0x3Fu | bit(DType::f64) | bit(DType::f64_i32));
+  EXPECT_EQ(t.op_mask, 0x0Fu | bit(ReduceOp::minloc));
   EXPECT_FALSE(t.deterministic);
   EXPECT_EQ(validate(c), "");
+}
+
+// Every type and operation name the protocol has is a dtypes:/ops: entry, bit d and bit o.
+TEST(SwitchConfig, EveryTypeAndOperationName) {
+  for (DType d : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      const SwitchConfig c = load(
+          "data: 10.0.0.1\n"
+          "ports: [{name: p0}]\n"
+          "trees:\n"
+          "  - {tree: 1, key: 1, role: root, children: [{addr: 10.1.0.1:1}], dtypes: [" +
+          std::string(name(d)) + "], ops: [" + std::string(name(op)) + "]}\n");
+      ASSERT_EQ(c.trees.size(), 1u) << name(d) << " " << name(op);
+      EXPECT_EQ(c.trees[0].tree.dtype_mask, bit(d));
+      EXPECT_EQ(c.trees[0].tree.op_mask, bit(op));
+    }
+  }
+  std::string all_d, all_o;
+  for (DType d : kAllDTypes) all_d += (all_d.empty() ? "" : ", ") + std::string(name(d));
+  for (ReduceOp op : kAllReduceOps) all_o += (all_o.empty() ? "" : ", ") + std::string(name(op));
+  const SwitchConfig c = load(
+      "data: 10.0.0.1\n"
+      "ports: [{name: p0}]\n"
+      "trees:\n"
+      "  - {tree: 1, key: 1, role: root, children: [{addr: 10.1.0.1:1}], dtypes: [" +
+      all_d + "], ops: [" + all_o + "]}\n");
+  ASSERT_EQ(c.trees.size(), 1u);
+  EXPECT_EQ(c.trees[0].tree.dtype_mask, kAllDTypesMask);
+  EXPECT_EQ(c.trees[0].tree.op_mask, kAllOpsMask);
 }
 
 // The sentences docs/switch-config.md shows under "Errors".
@@ -244,8 +273,12 @@ TEST(SwitchConfig, TreeErrorsNameTheLine) {
       {t + "    payload_bytes: 16384\n",
        "line 12: tree 7: payload_bytes must be a power of two from 256 to 8192, got 16384."},
       {t + "    slot: 8\n", "line 12: tree 7 has an unknown key 'slot'."},
-      {t + "    dtypes: [f32, f64]\n",
-       "line 12: tree 7: dtypes: \"f64\" is not one of f32, f16, bf16, e4m3, e5m2, i32."},
+      {t + "    dtypes: [f32, f128]\n",
+       "line 12: tree 7: dtypes: \"f128\" is not one of f32, f16, bf16, e4m3, e5m2, i32, i8, u8, "
+       "i16, u16, u32, i64, u64, f64, f32_i32, f64_i32, i32_i32."},
+      {t + "    ops: [sum, avg]\n",
+       "line 12: tree 7: ops: \"avg\" is not one of sum, min, max, prod, band, bor, bxor, land, "
+       "lor, lxor, minloc, maxloc."},
       {t + "    dtypes: []\n", "line 12: tree 7: dtypes must name at least one type."},
       {t + "    ops: []\n", "line 12: tree 7: ops must name at least one operation."},
       {t + "    ops: sum\n", "line 12: tree 7: ops must be a list."},
@@ -314,10 +347,13 @@ TEST(SwitchConfig, ValidateWithoutAFile) {
   c.metrics_listen = "";
   StaticTree t;
   t.tree.children = {{.addr = {{}, 0x0A010001, 1}, .hosts = 1}};
-  t.tree.dtype_mask = 0x40;  // no such type
+  t.tree.dtype_mask = 1u << 17 | 1u;  // f32 and no such type
   c.trees.push_back(t);
-  EXPECT_EQ(validate(c), "tree 0: dtypes must name at least one type.");
+  EXPECT_EQ(validate(c), "tree 0: dtypes names a type with code 17; the codes are 0 to 16.");
   c.trees[0].tree.dtype_mask = 0x3F;
+  c.trees[0].tree.op_mask = 1u << 12 | 1u;  // no such operation
+  EXPECT_EQ(validate(c), "tree 0: ops names an operation with code 12; the codes are 0 to 11.");
+  c.trees[0].tree.op_mask = kAllOpsMask;
   EXPECT_EQ(validate(c), "");
 }
 

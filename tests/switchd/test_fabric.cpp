@@ -30,6 +30,7 @@
 
 #include "manager.grpc.pb.h"
 #include "treeduce/lab/emulated_fabric.h"
+#include "treeduce/lab/exact_inputs.h"
 
 namespace treeduce::lab {
 namespace {
@@ -317,19 +318,25 @@ class TestFabric {
   std::vector<Rank> ranks_;
 };
 
+/// The (dtype, op) cases of the options, as refhost runs them: the defined pairs of the two lists.
+std::vector<std::pair<DType, ReduceOp>> pairs_of(const Options& o) {
+  std::vector<DType> dtypes;
+  std::vector<ReduceOp> ops;
+  std::stringstream ds(o.dtypes), os(o.ops);
+  for (std::string x; std::getline(ds, x, ',');) dtypes.push_back(parse_dtype(x).value());
+  for (std::string x; std::getline(os, x, ',');) ops.push_back(parse_op(x).value());
+  std::vector<std::pair<DType, ReduceOp>> pairs;
+  EXPECT_EQ(exact::defined_pairs(dtypes, ops, &pairs), "");
+  return pairs;
+}
+
 /// Chunks of one rank's collectives: what every switch must complete exactly once.
 std::uint64_t chunks(const Options& o) {
   std::uint64_t total = 0;
-  std::stringstream dts(o.dtypes);
-  std::string d;
-  while (std::getline(dts, d, ',')) {
-    const int size = d == "f16" || d == "bf16" ? 2 : d == "e4m3" || d == "e5m2" ? 1 : 4;
-    const int per = static_cast<int>(kStaticPayload) / size;
+  for (const auto& [d, op] : pairs_of(o)) {
+    const std::size_t per = kStaticPayload / dtype_size(d);
     std::stringstream cs(o.counts);
-    std::string c;
-    std::uint64_t per_op = 0;
-    while (std::getline(cs, c, ',')) per_op += (std::stoull(c) + per - 1) / per;
-    total += per_op * static_cast<std::uint64_t>(std::count(o.ops.begin(), o.ops.end(), ',') + 1);
+    for (std::string c; std::getline(cs, c, ',');) total += (std::stoull(c) + per - 1) / per;
   }
   return total * static_cast<std::uint64_t>(o.iters);
 }
@@ -377,6 +384,30 @@ TEST(Fabric, EveryDtypeAndOpExact) {
   for (const auto& m : sw) {
     EXPECT_EQ(counter(m, "treeduce_switch_daemon_total", "counter=\"injected_loss\""), 0u);
   }
+}
+
+// Every defined pair of every type and operation (110), exact through the real switches: one
+// refhost process per rank loops over them, a few thousand elements each (1 to 47 chunks), with
+// loss on the host ports so that retransmissions and unicast RESULTs of 8- and 16-byte elements
+// happen too.
+TEST(Fabric, EveryTypeAndOperationExact) {
+  Options o;
+  o.dtypes = "f32";
+  for (std::size_t d = 1; d < kNumDTypes; ++d) {
+    o.dtypes += ',';
+    o.dtypes += name(kAllDTypes[d]);
+  }
+  o.ops = "sum";
+  for (std::size_t op = 1; op < kNumReduceOps; ++op) {
+    o.ops += ',';
+    o.ops += name(kAllReduceOps[op]);
+  }
+  o.counts = "3000";
+  o.fabric.host_port_loss = 0.01;
+  ASSERT_EQ(pairs_of(o).size(), 110u);
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  run_exact(f, o, 110);
 }
 
 TEST(Fabric, ExactUnderLossOnEveryLink) {
@@ -502,6 +533,36 @@ TEST(Fabric, LibraryRanksReduceInTheNetwork) {
 // The spine is killed in the middle of a run: every rank ends within a bounded time, having
 // fallen back to host-side reduction (said out loud) or, when the ranks lost the switch at
 // different collectives, with an error; never with a wrong element, never hanging.
+// Every type and operation through the host library: one treeduce-perf process per rank loops
+// over the 110 defined pairs (-d all -o all, 4 KiB each), the manager's tree takes every one of
+// them into the network (the lab's switches have the server profile), and every element of
+// treeduce's and the Gloo baseline's results is checked exactly.
+TEST(Fabric, LibraryRanksReduceEveryTypeAndOperation) {
+  Options o;
+  o.library = true;
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  auto ranks = f.start_perf("all", {"-b", "4096", "-e", "4096", "-d", "all", "-o", "all", "-n", "1",
+                                    "-w", "0", "--compare", "gloo"});
+  for (Proc* p : ranks) {
+    ASSERT_TRUE(f.lab().wait(*p, std::chrono::seconds(300))) << Lab::read_log(*p);
+    const std::string log = Lab::read_log(*p);
+    EXPECT_EQ(p->status, 0) << log;
+    EXPECT_EQ(perf_account(log), std::make_pair(0, 0LL)) << log;
+    EXPECT_EQ(log.find("falls back"), std::string::npos) << log;
+  }
+  // 110 rows, each one allreduce and the one that sums the wrong counts (i32 sum).
+  const std::string log = Lab::read_log(*ranks[0]);
+  EXPECT_NE(log.find("# verified: 0 wrong elements, 220 ops in the network, 0 on the hosts"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("# gloo: verified: 0 wrong elements, 0 failed operations"), std::string::npos)
+      << log;
+  for (const char* row : {R"( f64_i32 +maxloc .* network )", R"( u64 +lxor .* network )",
+                          R"( i8 +prod .* network )", R"( e4m3 +prod .* network )"})
+    EXPECT_TRUE(std::regex_search(log, std::regex(row))) << row << "\n" << log;
+}
+
 TEST(Fabric, SwitchKilledMidJobFallsBackOrFailsNeverWrong) {
   Options o;
   o.library = true;
