@@ -221,7 +221,7 @@ TEST_F(Grpc, HostileRpcsAreRefusedWithCodeAndSentence) {
   bad_payload.set_payload_bytes(100000);
   expect(bad_payload, grpc::StatusCode::INVALID_ARGUMENT);
   auto bad_mask = join_req("k", 0, 2, "h0");
-  bad_mask.set_dtype_mask(0x1000);
+  bad_mask.set_dtype_mask(1u << treeduce::kNumDTypes);  // no such type
   expect(bad_mask, grpc::StatusCode::INVALID_ARGUMENT);
   expect(join_req("j", 0, 2, "h0", 20), grpc::StatusCode::DEADLINE_EXCEEDED);
   auto dup = join_req("j", 0, 2, "h1", 20);
