@@ -128,8 +128,16 @@ TEST_F(ManagerClientTest, TwoRanksGetConsistentAssignmentsAndLeaveRemovesTheTree
   EXPECT_NE(out[0].tree.child_index, out[1].tree.child_index);
   EXPECT_EQ(out[0].tree.slots, 16u);
   EXPECT_EQ(out[0].tree.payload_bytes, 1024u);
-  EXPECT_EQ(out[0].tree.dtype_mask, 0x3F);
-  EXPECT_EQ(out[0].tree.op_mask, 0x07);
+  // leaf0 is small-q2, a Quantum-2: SHARP's pairs without FP8, and the rank learns its model.
+  const std::uint32_t q2 = treeduce::kAllDTypesMask & ~(treeduce::bit(treeduce::DType::e4m3) |
+                                                        treeduce::bit(treeduce::DType::e5m2));
+  EXPECT_EQ(out[0].tree.dtype_mask, q2);
+  EXPECT_EQ(out[0].tree.op_mask, treeduce::kAllOpsMask);
+  ASSERT_EQ(out[0].tree.switches.size(), 1u);
+  EXPECT_EQ(out[0].tree.switches[0].name, "leaf0");
+  EXPECT_EQ(out[0].tree.switches[0].profile, "small-q2");
+  EXPECT_EQ(out[0].tree.switches[0].dtype_mask, q2);
+  EXPECT_EQ(out[0].tree.switches[0].op_mask, treeduce::kAllOpsMask);
   EXPECT_EQ(out[0].tree.lease_ms, 600u);
   EXPECT_EQ(agents["leaf0"]->tree_count(), 1u);
   // Heartbeats keep the job alive past its 600 ms lease: 900 ms pass on the manager's clock,
