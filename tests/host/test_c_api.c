@@ -150,9 +150,10 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
     }
   }
   CHECK(tdr_allreduce(comm, in, out, 1, tdr_f32, tdr_band) == tdr_invalid_argument);
-  CHECK(strcmp(tdr_last_error(comm),
-               "The pair f32 band is not a reduction: band (bitwise and) is defined on integer types "
-               "only, not on floating-point types.") == 0);
+  CHECK(
+      strcmp(tdr_last_error(comm),
+             "The pair f32 band is not a reduction: band (bitwise and) is defined on integer types "
+             "only, not on floating-point types.") == 0);
   CHECK(tdr_allreduce(comm, in, out, 1, tdr_i32, tdr_minloc) == tdr_invalid_argument);
   CHECK(strstr(tdr_last_error(comm), "i32 minloc is not a reduction: minloc is defined on") !=
         NULL);
