@@ -57,16 +57,19 @@ class GlooReducer final : public HostReducer {
                    gloo_reduce(k.accumulate_fn(DType::f32, op), sizeof(float)));
         k.emit_fn(dtype)(recv, wide_.data(), count);
       } else {
-        // The accumulator is the wire layout: load into recv (through scratch when in place,
-        // as the kernels' buffers must not overlap), reduce in place, emit in place.
+        // The accumulator is the wire layout: load into recv, reduce in place, emit in place.
+        // Load copies every type but f64_i32 (padding zeroed) under every operation but the
+        // logical ones (0/1): in place, those need no pass at all; the others go through
+        // scratch, as the kernels' buffers must not overlap.
         const std::size_t size = dtype_size(dtype);
-        const void* from = send;
-        if (send == recv) {
+        const bool load_copies = !is_logical(op) && dtype != DType::f64_i32;
+        if (send != recv) {
+          k.load_fn(dtype, op)(recv, send, count);
+        } else if (!load_copies) {
           scratch_.assign(static_cast<const unsigned char*>(send),
                           static_cast<const unsigned char*>(send) + count * size);
-          from = scratch_.data();
+          k.load_fn(dtype, op)(recv, scratch_.data(), count);
         }
-        k.load_fn(dtype, op)(recv, from, count);
         const auto f = gloo_reduce(k.accumulate_fn(dtype, op), size);
         switch (size) {
           case 1:
