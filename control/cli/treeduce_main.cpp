@@ -138,6 +138,25 @@ class Report {
   int blockers_ = 0;
 };
 
+// "i32,u32 with sum,min,max": what masks offload, as the types and operations of their defined
+// pairs (a pair type lists only minloc/maxloc, so the product is read with op_defined()).
+std::string pairs(std::uint32_t dmask, std::uint32_t omask) {
+  std::uint32_t d_used = 0, o_used = 0, n = 0;
+  for (auto d : treeduce::kAllDTypes)
+    for (auto o : treeduce::kAllReduceOps)
+      if ((dmask >> unsigned(d) & 1) && (omask >> unsigned(o) & 1) && treeduce::op_defined(d, o)) {
+        d_used |= treeduce::bit(d);
+        o_used |= treeduce::bit(o);
+        ++n;
+      }
+  if (n == 0) return "no pair";
+  return dtypes(d_used) + " with " + ops(o_used) + " (" + std::to_string(n) + " pairs)";
+}
+
+bool offloads(std::uint32_t dmask, std::uint32_t omask, treeduce::DType d, treeduce::ReduceOp op) {
+  return (dmask >> unsigned(d) & 1) && (omask >> unsigned(op) & 1) && treeduce::op_defined(d, op);
+}
+
 // Why `s` cannot be part of the job's tree, or "" when it can.
 std::string unusable(const pb::SwitchInfo& s, const DoctorArgs& a, treeduce::DType d,
                      treeduce::ReduceOp op, std::uint32_t payload) {
@@ -145,11 +164,10 @@ std::string unusable(const pb::SwitchInfo& s, const DoctorArgs& a, treeduce::DTy
   const std::string sw = "Switch " + s.name() + " (" + r.profile() + ")";
   if (!s.registered()) return sw + " has not registered with the manager, so it takes no trees.";
   if (!s.up()) return sw + " is down: its agent stopped heartbeating or missed an install.";
-  if (!(r.dtype_mask() >> unsigned(d) & 1))
-    return sw + " cannot reduce " + std::string(treeduce::name(d)) + "; it reduces " +
-           dtypes(r.dtype_mask()) + ".";
-  if (!(r.op_mask() >> unsigned(op) & 1))
-    return sw + " cannot " + std::string(treeduce::name(op)) + "; it can " + ops(r.op_mask()) + ".";
+  if (!offloads(r.dtype_mask(), r.op_mask(), d, op))
+    return sw + " does not reduce " + std::string(treeduce::name(d)) + " " +
+           std::string(treeduce::name(op)) + "; it reduces " + pairs(r.dtype_mask(), r.op_mask()) +
+           ".";
   if (a.deterministic && !r.deterministic())
     return sw + " has no deterministic mode, and the job asks for it.";
   if (s.trees_used() >= r.max_trees())
@@ -184,6 +202,14 @@ void check_fabric(Report& rep, const DoctorArgs& a, treeduce::DType d, treeduce:
   for (const auto& j : jl.jobs()) {
     if (a.job.empty() || j.job() != a.job) continue;
     const std::string ranks = std::to_string(j.joined()) + "/" + std::to_string(j.world_size());
+    if (j.switches_size() > 0) {
+      // The job's tree: what it offloads is the intersection of its switches' models.
+      const bool in = offloads(j.dtype_mask(), j.op_mask(), d, op);
+      rep.note(job + "'s tree (" + join(j.switches()) + ") offloads " +
+               pairs(j.dtype_mask(), j.op_mask()) + "; " + std::string(treeduce::name(d)) + " " +
+               std::string(treeduce::name(op)) +
+               (in ? " is one of them." : " is not: its ranks reduce it on the host path."));
+    }
     if (j.world_size() != a.world)
       rep.blocked(job + " already exists on the manager with " + std::to_string(j.world_size()) +
                   " ranks, not " + std::to_string(a.world) + "; its ranks would be refused.");
@@ -203,6 +229,23 @@ void check_fabric(Report& rep, const DoctorArgs& a, treeduce::DType d, treeduce:
   std::uint32_t payload = a.payload_bytes;
   for (const auto& s : sl.switches())
     if (s.registered() && s.up()) payload = std::min(payload, s.resources().max_payload_bytes());
+  // What each switch model in the fabric offloads, once per profile.
+  std::vector<std::string> seen;
+  for (const auto& s : sl.switches()) {
+    const auto& r = s.resources();
+    const std::string key =
+        r.profile() + "/" + std::to_string(r.dtype_mask()) + "/" + std::to_string(r.op_mask());
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+    seen.push_back(key);
+    std::string names;
+    for (const auto& t : sl.switches())
+      if (t.resources().profile() == r.profile() && t.resources().dtype_mask() == r.dtype_mask() &&
+          t.resources().op_mask() == r.op_mask())
+        names += (names.empty() ? "" : ",") + t.name();
+    rep.note("Profile " + r.profile() + " (" + names + ") offloads " +
+             pairs(r.dtype_mask(), r.op_mask()) + ".");
+  }
+
   int leaves = 0, usable_leaves = 0, usable = 0;
   std::vector<std::string> problems;
   for (const auto& s : sl.switches()) {
@@ -236,12 +279,18 @@ int doctor(const DoctorArgs& a, const std::string& manager) {
   const auto d = treeduce::parse_dtype(a.dtype);
   const auto op = treeduce::parse_op(a.op);
   if (!d) {
-    std::cerr << "treeduce doctor: '" << a.dtype
-              << "' is not an element type (f32, f16, bf16, e4m3, e5m2, i32).\n";
+    std::cerr << "treeduce doctor: '" << a.dtype << "' is not an element type ("
+              << dtypes(treeduce::kAllDTypesMask) << ").\n";
     return 2;
   }
   if (!op) {
-    std::cerr << "treeduce doctor: '" << a.op << "' is not an operation (sum, min, max).\n";
+    std::cerr << "treeduce doctor: '" << a.op << "' is not an operation ("
+              << ops(treeduce::kAllOpsMask) << ").\n";
+    return 2;
+  }
+  if (!treeduce::op_defined(*d, *op)) {
+    std::cerr << "treeduce doctor: " << treeduce::name(*d) << " " << treeduce::name(*op)
+              << " is not a reduction: " << treeduce::op_refusal(*d, *op) << ".\n";
     return 2;
   }
   auto pow2 = [](std::uint32_t v) { return v && !(v & (v - 1)); };
@@ -310,7 +359,11 @@ int main(int argc, char** argv) {
   auto* world_opt = doc_cmd->add_option("--world", da.world, "ranks (or $TREEDUCE_WORLD_SIZE)")
                         ->check(CLI::Range(1, 65535));
   doc_cmd->add_option("--dtype", da.dtype, "element type")->capture_default_str();
-  doc_cmd->add_option("--op", da.op, "operation: sum, min, max")->capture_default_str();
+  doc_cmd
+      ->add_option("--op", da.op,
+                   "operation: sum, prod, min, max, band, bor, bxor, land, lor, "
+                   "lxor, minloc, maxloc")
+      ->capture_default_str();
   doc_cmd->add_option("--host", da.host, "a rank's host (or $TREEDUCE_HOST)");
   doc_cmd->add_option("--slots", da.slots, "window asked of the manager")->capture_default_str();
   doc_cmd->add_option("--payload", da.payload_bytes, "payload bytes per packet")
@@ -376,6 +429,7 @@ int main(int argc, char** argv) {
                        {"depth", j.depth()},
                        {"slots", j.slots()},
                        {"payload_bytes", j.payload_bytes()},
+                       {"offloads", pairs(j.dtype_mask(), j.op_mask())},
                        {"switches", sws}});
         rows.push_back({std::to_string(j.tree_id()), j.job(), std::to_string(j.depth()),
                         std::to_string(j.slots()), std::to_string(j.payload_bytes()),
@@ -420,6 +474,8 @@ int main(int argc, char** argv) {
                      {"max_payload_bytes", r.max_payload_bytes()},
                      {"max_children", r.max_children()},
                      {"dtypes", dtypes(r.dtype_mask())},
+                     {"ops", ops(r.op_mask())},
+                     {"pairs", pairs(r.dtype_mask(), r.op_mask())},
                      {"deterministic", r.deterministic()}});
       rows.push_back({s.name(), r.profile(),
                       std::to_string(s.trees_used()) + "/" + std::to_string(r.max_trees()),
@@ -428,7 +484,7 @@ int main(int argc, char** argv) {
                           ? human_bytes(s.bytes_used()) + "/" + human_bytes(r.memory_bytes())
                           : "-",
                       std::to_string(r.max_payload_bytes()), std::to_string(r.max_children()),
-                      dtypes(r.dtype_mask())});
+                      dtypes(r.dtype_mask()), ops(r.op_mask())});
     }
   }
   if (as_json)
@@ -436,8 +492,9 @@ int main(int argc, char** argv) {
   else if (sw_cmd->parsed())
     print_table({"SWITCH", "LEVEL", "STATE", "AGENT", "PROFILE"}, rows);
   else
-    print_table({"SWITCH", "PROFILE", "TREES", "SLOTS", "MEMORY", "PAYLOAD", "FAN-IN", "TYPES"},
-                rows);
+    print_table(
+        {"SWITCH", "PROFILE", "TREES", "SLOTS", "MEMORY", "PAYLOAD", "FAN-IN", "TYPES", "OPS"},
+        rows);
   (void)res_cmd;
   return 0;
 }

@@ -55,8 +55,8 @@ TreeInstall from_proto(const pb::TreeInstall& p) {
         {{c.addr().ip(), std::uint16_t(c.addr().port())}, std::uint16_t(c.hosts())});
   t.slots = p.slots();
   t.payload_bytes = p.payload_bytes();
-  t.dtype_mask = std::uint8_t(p.dtype_mask());
-  t.op_mask = std::uint8_t(p.op_mask());
+  t.dtype_mask = p.dtype_mask();
+  t.op_mask = p.op_mask();
   t.deterministic = p.deterministic();
   return t;
 }
@@ -125,7 +125,7 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
     if (req->port() == 0 || req->port() > 65535)
       return to_grpc(invalid_argument("Port " + std::to_string(req->port()) +
                                       " is not a UDP port (1..65535)."));
-    if (req->dtype_mask() > 0xFF || req->op_mask() > 0xFF)
+    if (req->dtype_mask() > kAllDTypesMask || req->op_mask() > kAllOpsMask)
       return to_grpc(invalid_argument("The dtype or op mask names types that do not exist."));
     JoinArgs a;
     a.job = req->job();
@@ -135,8 +135,8 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
     a.port = std::uint16_t(req->port());
     a.slots = req->slots() ? req->slots() : 16;
     a.payload_bytes = req->payload_bytes() ? req->payload_bytes() : 1024;
-    a.dtype_mask = std::uint8_t(req->dtype_mask());
-    a.op_mask = std::uint8_t(req->op_mask());
+    a.dtype_mask = req->dtype_mask();
+    a.op_mask = req->op_mask();
     a.deterministic = req->deterministic();
     // Wait no longer than the caller will listen.
     std::uint64_t wait = std::min(req->wait_ms() ? req->wait_ms() : kDefaultWaitMs, kMaxWaitMs);
@@ -159,6 +159,13 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
     as->set_deterministic(r->deterministic);
     as->set_depth(r->depth);
     as->set_lease_ms(r->lease_ms);
+    for (const SwitchCaps& c : r->switches) {
+      auto* ts = as->add_switches();
+      ts->set_name(c.name);
+      ts->set_profile(c.profile);
+      ts->set_dtype_mask(c.dtype_mask);
+      ts->set_op_mask(c.op_mask);
+    }
     return grpc::Status::OK;
   }
 
@@ -189,7 +196,7 @@ class ManagerServer::Switches final : public pb::SwitchRegistry::Service {
     std::optional<ResourceProfile> limits;
     if (req->has_resources()) {
       const auto& r = req->resources();
-      if (r.dtype_mask() > 0x3F || r.op_mask() > 0x07)
+      if (r.dtype_mask() > kAllDTypesMask || r.op_mask() > kAllOpsMask)
         return to_grpc(
             invalid_argument("The switch reports element types or operations that "
                              "do not exist."));
@@ -200,8 +207,8 @@ class ManagerServer::Switches final : public pb::SwitchRegistry::Service {
       p.max_payload_bytes = r.max_payload_bytes();
       p.memory_bytes = r.memory_bytes();
       p.max_children = r.max_children();
-      p.dtype_mask = std::uint8_t(r.dtype_mask());
-      p.op_mask = std::uint8_t(r.op_mask());
+      p.dtype_mask = r.dtype_mask();
+      p.op_mask = r.op_mask();
       p.deterministic = r.deterministic();
       limits = p;
     }
@@ -240,6 +247,8 @@ class ManagerServer::Queries final : public pb::Query::Service {
         j->set_depth(v.tree->depth);
         j->set_slots(v.tree->slots);
         j->set_payload_bytes(v.tree->payload_bytes);
+        j->set_dtype_mask(v.tree->dtype_mask);
+        j->set_op_mask(v.tree->op_mask);
         for (const auto& n : v.tree->nodes) j->add_switches(topo_.switches[n.sw].name);
       }
     }

@@ -90,10 +90,10 @@ bool Allocator::admits(const Ctx& c, std::uint32_t sw, std::string* why) const {
     return false;
   };
   if (!up_[sw]) return no("is down (failed, or not registered yet).");
-  if ((p.dtype_mask & r.dtype_mask) != r.dtype_mask)
-    return no("cannot reduce every element type the job needs.");
-  if ((p.op_mask & r.op_mask) != r.op_mask)
-    return no("cannot apply every operation the job needs.");
+  if (r.dtype_mask != 0 || r.op_mask != 0) {
+    if (auto m = first_missing(p, r.dtype_mask, r.op_mask))
+      return no("does not reduce " + pair_name(m->dtype, m->op) + ", which the job needs.");
+  }
   if (r.deterministic && !p.deterministic) return no("has no deterministic mode.");
   const std::uint32_t payload = std::min(r.payload_bytes, p.max_payload_bytes);
   const Usage cost = tree_cost(r.slots, payload, r.deterministic, 1);
@@ -257,6 +257,15 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
     return invalid_argument("Job '" + req.job + "': " + *bad);
   if (req.dtype_mask > proto::kAllDTypesMask || req.op_mask > proto::kAllOpsMask)
     return invalid_argument("The job asks for an element type or operation that does not exist.");
+  if ((req.dtype_mask != 0 || req.op_mask != 0) &&
+      count_pairs(req.dtype_mask ? req.dtype_mask : kAllDTypesMask,
+                  req.op_mask ? req.op_mask : kAllOpsMask) == 0)
+    return invalid_argument(
+        "Job '" + req.job + "' asks for types and operations that make no defined pair (" +
+        std::string(
+            op_refusal(static_cast<DType>(std::countr_zero(req.dtype_mask ? req.dtype_mask : 1u)),
+                       static_cast<ReduceOp>(std::countr_zero(req.op_mask ? req.op_mask : 1u)))) +
+        ").");
 
   Ctx c;
   c.req = &req;
@@ -344,15 +353,16 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
     a.depth = h;
     a.nodes = std::move(plans[best].nodes);
     a.payload_bytes = req.payload_bytes;
-    a.dtype_mask = 0x3F;
-    a.op_mask = 0x07;
+    a.dtype_mask = kAllDTypesMask;
+    a.op_mask = kAllOpsMask;
     for (const TreeNode& n : a.nodes) {
       const ResourceProfile& p = profile(n.sw);
       a.payload_bytes = std::min(a.payload_bytes, p.max_payload_bytes);
       a.dtype_mask &= p.dtype_mask;
       a.op_mask &= p.op_mask;
     }
-    if (!a.dtype_mask || !a.op_mask)
+    // Masks are a product, so this is the set of pairs every switch of the tree offloads.
+    if (count_pairs(a.dtype_mask, a.op_mask) == 0)
       return failed_precondition("No tree for job '" + req.job +
                                  "': its switches have no element type and operation in common.");
     a.ranks.resize(req.rank_host.size());
@@ -368,7 +378,11 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
     return failed_precondition("No tree for job '" + req.job + "': no switch reaches all " +
                                std::to_string(nleaves) +
                                " leaf switches of its ranks; the fabric is partitioned.");
-  return resource_exhausted("No tree for job '" + req.job + "': " + first_why);
+  // A switch that lacks a capability refuses whatever is free elsewhere: not a capacity matter.
+  const bool capability = first_why.find(" does not reduce ") != std::string::npos ||
+                          first_why.find(" has no deterministic mode") != std::string::npos;
+  return Status(capability ? Code::failed_precondition : Code::resource_exhausted,
+                "No tree for job '" + req.job + "': " + first_why);
 }
 
 Status Allocator::release(const std::string& job) {

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <iostream>
 #include <random>
@@ -84,6 +85,16 @@ Status JobRegistry::validate(const JoinArgs& a, std::uint32_t* host) const {
     return invalid_argument("Job '" + a.job + "': " + *bad);
   if (a.dtype_mask > proto::kAllDTypesMask || a.op_mask > proto::kAllOpsMask)
     return invalid_argument("The job asks for an element type or operation that does not exist.");
+  if ((a.dtype_mask != 0 || a.op_mask != 0) &&
+      count_pairs(a.dtype_mask ? a.dtype_mask : kAllDTypesMask,
+                  a.op_mask ? a.op_mask : kAllOpsMask) == 0)
+    return invalid_argument(
+        "Job '" + a.job +
+        "' asks for element types and operations that make no defined pair "
+        "(" +
+        std::string(op_refusal(static_cast<DType>(std::countr_zero(a.dtype_mask)),
+                               static_cast<ReduceOp>(std::countr_zero(a.op_mask)))) +
+        ").");
   if (a.port == 0)
     return invalid_argument("Rank " + std::to_string(a.rank) + " gave no UDP port for results.");
   std::int64_t h = topo_.find_host(a.host);
@@ -312,6 +323,10 @@ RankAssignment JobRegistry::assignment(const Job& j, std::uint32_t rank) const {
   out.deterministic = a.deterministic;
   out.depth = a.depth;
   out.lease_ms = opt_.lease_ms;
+  for (const TreeNode& n : a.nodes) {
+    const ResourceProfile& prof = alloc_.profile(n.sw);
+    out.switches.push_back({topo_.switches[n.sw].name, prof.name, prof.dtype_mask, prof.op_mask});
+  }
   return out;
 }
 

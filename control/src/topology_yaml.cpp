@@ -3,8 +3,10 @@
 
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "treeduce/control/topology.h"
 #include "treeduce/protocol/tree.h"
@@ -71,6 +73,31 @@ YAML::Node seq(const YAML::Node& root, const char* key, bool required) {
   return n;
 }
 
+// A profile's `dtypes` or `ops`: a list of names (parse_dtype/parse_op spellings) or "all".
+template <class E>
+std::uint32_t names_mask(const YAML::Node& n, const std::string& what) {
+  constexpr bool is_type = std::is_same_v<E, DType>;
+  const std::uint32_t all = is_type ? kAllDTypesMask : kAllOpsMask;
+  if (n.IsScalar() && n.Scalar() == "all") return all;
+  if (!n.IsSequence()) fail(n, what + " must be a list of names or 'all'.");
+  std::uint32_t m = 0;
+  for (const auto& e : n) {
+    const std::string s = e.IsScalar() ? e.Scalar() : std::string();
+    std::optional<E> v;
+    if constexpr (is_type)
+      v = parse_dtype(s);
+    else
+      v = parse_op(s);
+    if (!v)
+      fail(e, what + ": '" + s + "' is not " +
+                  (is_type ? "an element type (f32, i8, u64, f64_i32, ...)."
+                           : "an operation (sum, prod, band, lxor, minloc, ...)."));
+    m |= bit(*v);
+  }
+  if (m == 0) fail(n, what + " is empty: such a switch could reduce nothing.");
+  return m;
+}
+
 Topology parse(const YAML::Node& root) {
   if (!root.IsMap()) fail(root, "a topology is a map with 'switches', 'hosts' and 'links'.");
   only_keys(root, {"profiles", "switches", "hosts", "links"}, "the topology");
@@ -84,7 +111,7 @@ Topology parse(const YAML::Node& root) {
       if (!p.IsMap()) fail(p, "a profile is a map.");
       only_keys(p,
                 {"name", "base", "max_trees", "max_slots", "max_payload_bytes", "memory_bytes",
-                 "max_children", "deterministic"},
+                 "max_children", "deterministic", "dtypes", "ops"},
                 "profile");
       const std::string name = str(need(p, "name", "a profile"));
       if (prof_idx.count(name)) fail(p["name"], "profile '" + name + "' is defined twice.");
@@ -116,6 +143,10 @@ Topology parse(const YAML::Node& root) {
         if (rp.max_children < 1) fail(p["max_children"], w + "max_children must be 1..64.");
       }
       if (p["deterministic"]) rp.deterministic = p["deterministic"].as<bool>();
+      if (p["dtypes"]) rp.dtype_mask = names_mask<DType>(p["dtypes"], w + "dtypes");
+      if (p["ops"]) rp.op_mask = names_mask<ReduceOp>(p["ops"], w + "ops");
+      if (count_pairs(rp.dtype_mask, rp.op_mask) == 0)
+        fail(p, w + "its element types and operations make no defined pair.");
       prof_idx[name] = std::uint32_t(t.profiles.size());
       t.profiles.push_back(rp);
     }

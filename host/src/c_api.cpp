@@ -29,8 +29,31 @@ struct tdr_comm {
 // The enums' values are the C++ ones, so conversions are casts; pin that here.
 static_assert(static_cast<int>(Result::internal) == tdr_internal);
 static_assert(static_cast<int>(Result::in_progress) == tdr_in_progress);
-static_assert(static_cast<int>(DType::i32) == tdr_i32 && static_cast<int>(DType::e5m2) == tdr_e5m2);
-static_assert(static_cast<int>(ReduceOp::max) == tdr_max);
+// Every type and operation, one by one: a code appended on one side only fails the build.
+static_assert(static_cast<int>(DType::f32) == tdr_f32 && static_cast<int>(DType::f16) == tdr_f16 &&
+              static_cast<int>(DType::bf16) == tdr_bf16 &&
+              static_cast<int>(DType::e4m3) == tdr_e4m3 &&
+              static_cast<int>(DType::e5m2) == tdr_e5m2 &&
+              static_cast<int>(DType::i32) == tdr_i32 && static_cast<int>(DType::i8) == tdr_i8 &&
+              static_cast<int>(DType::u8) == tdr_u8 && static_cast<int>(DType::i16) == tdr_i16 &&
+              static_cast<int>(DType::u16) == tdr_u16 && static_cast<int>(DType::u32) == tdr_u32 &&
+              static_cast<int>(DType::i64) == tdr_i64 && static_cast<int>(DType::u64) == tdr_u64 &&
+              static_cast<int>(DType::f64) == tdr_f64 &&
+              static_cast<int>(DType::f32_i32) == tdr_f32_i32 &&
+              static_cast<int>(DType::f64_i32) == tdr_f64_i32 &&
+              static_cast<int>(DType::i32_i32) == tdr_i32_i32);
+static_assert(treeduce::kNumDTypes == tdr_i32_i32 + 1, "a DType the C API lacks");
+static_assert(
+    static_cast<int>(ReduceOp::sum) == tdr_sum && static_cast<int>(ReduceOp::min) == tdr_min &&
+    static_cast<int>(ReduceOp::max) == tdr_max && static_cast<int>(ReduceOp::prod) == tdr_prod &&
+    static_cast<int>(ReduceOp::band) == tdr_band && static_cast<int>(ReduceOp::bor) == tdr_bor &&
+    static_cast<int>(ReduceOp::bxor) == tdr_bxor && static_cast<int>(ReduceOp::land) == tdr_land &&
+    static_cast<int>(ReduceOp::lor) == tdr_lor && static_cast<int>(ReduceOp::lxor) == tdr_lxor &&
+    static_cast<int>(ReduceOp::minloc) == tdr_minloc &&
+    static_cast<int>(ReduceOp::maxloc) == tdr_maxloc);
+static_assert(treeduce::kNumReduceOps == tdr_maxloc + 1, "a ReduceOp the C API lacks");
+static_assert(sizeof(tdr_options_t::static_dtype_mask) * 8 >= treeduce::kNumDTypes &&
+              sizeof(tdr_options_t::static_op_mask) * 8 >= treeduce::kNumReduceOps);
 static_assert(static_cast<int>(Path::host) == tdr_path_host);
 
 namespace {
@@ -45,6 +68,7 @@ thread_local std::string t_comm_error;
 thread_local const tdr_comm_t* t_comm_error_owner = nullptr;
 thread_local std::string t_returned_error;
 thread_local std::string t_returned_reason;
+thread_local std::string t_returned_fallback;
 
 tdr_result_t fail(const tdr_comm_t* comm, tdr_result_t r, std::string why) {
   if (comm == nullptr) {
@@ -80,8 +104,8 @@ tdr_result_t null_comm() {
 
 // C enums arrive as any int: check the range before a cast (DType is 8 bits wide, so 261 would
 // otherwise become i32).
-bool valid(tdr_dtype_t d) { return d >= tdr_f32 && d <= tdr_i32; }
-bool valid(tdr_op_t op) { return op >= tdr_sum && op <= tdr_max; }
+bool valid(tdr_dtype_t d) { return d >= tdr_f32 && d <= tdr_i32_i32; }
+bool valid(tdr_op_t op) { return op >= tdr_sum && op <= tdr_maxloc; }
 
 tdr_result_t bad_enums(const tdr_comm_t* comm, tdr_dtype_t d, tdr_op_t op) {
   return fail(
@@ -253,6 +277,16 @@ int tdr_offloads(const tdr_comm_t* comm, tdr_dtype_t dtype, tdr_op_t op) {
   } catch (...) {
     return 0;
   }
+}
+
+const char* tdr_fallback_reason(const tdr_comm_t* comm) {
+  try {
+    t_returned_fallback =
+        comm != nullptr ? comm->impl->stats().fallback_reason : "The communicator is NULL.";
+  } catch (...) {
+    t_returned_fallback.clear();
+  }
+  return t_returned_fallback.c_str();
 }
 
 tdr_path_t tdr_path(const tdr_comm_t* comm) {

@@ -53,9 +53,44 @@ treeduce::Status check_operation(const void* send, const void* recv, std::size_t
   if (static_cast<std::size_t>(op) >= kNumReduceOps)
     return invalid_argument("The operation " + std::to_string(static_cast<int>(op)) +
                             " is not a ReduceOp.");
+  if (!op_defined(dtype, op))
+    return invalid_argument("The pair " + dtype_op(dtype, op) +
+                            " is not a reduction: " + std::string(op_refusal(dtype, op)) + ".");
   if (count != 0 && (send == nullptr || recv == nullptr))
     return invalid_argument("The send or receive buffer is null.");
   return treeduce::Status::Ok();
+}
+
+bool has(std::uint32_t mask, unsigned bit) { return (mask >> bit & 1u) != 0; }
+
+// Whether masks offload a pair: both bits and a defined pair (manager.proto Assignment).
+bool mask_offloads(std::uint32_t dtypes, std::uint32_t ops, DType d, ReduceOp op) {
+  return has(dtypes, static_cast<unsigned>(d)) && has(ops, static_cast<unsigned>(op)) &&
+         op_defined(d, op);
+}
+
+// Why the tree cannot reduce (d, op), naming the switch model that cannot (a phrase): "switch
+// 'leaf0' (profile tofino) does not reduce f64 sum". The switches come root first; every one that
+// lacks the pair is named, up to three.
+std::string not_offloaded(const TreeAssignment& t, DType d, ReduceOp op) {
+  const std::string pair = dtype_op(d, op);
+  std::vector<const TreeSwitch*> lacking;
+  for (const TreeSwitch& s : t.switches)
+    if (!mask_offloads(s.dtype_mask, s.op_mask, d, op)) lacking.push_back(&s);
+  if (lacking.empty()) {
+    return t.switches.empty()
+               ? "the tree (given without its switches' models) does not reduce " + pair
+               : "the tree does not reduce " + pair;
+  }
+  std::string who;
+  const std::size_t shown = std::min<std::size_t>(lacking.size(), 3);
+  for (std::size_t i = 0; i < shown; ++i) {
+    if (i > 0) who += i + 1 == shown && lacking.size() == shown ? " and " : ", ";
+    who += "'" + lacking[i]->name + "' (profile " + lacking[i]->profile + ")";
+  }
+  if (lacking.size() > shown) who += " and " + std::to_string(lacking.size() - shown) + " more";
+  return (lacking.size() == 1 ? "switch " : "switches ") + who +
+         (lacking.size() == 1 ? " does not reduce " : " do not reduce ") + pair;
 }
 
 class CommunicatorImpl final : public Communicator {
@@ -233,8 +268,7 @@ class CommunicatorImpl final : public Communicator {
 
   // tree_ does not change once init() is done: no lock needed.
   bool offloadable(DType dtype, ReduceOp op) const {
-    return (tree_.dtype_mask >> static_cast<unsigned>(dtype) & 1u) != 0 &&
-           (tree_.op_mask >> static_cast<unsigned>(op) & 1u) != 0;
+    return mask_offloads(tree_.dtype_mask, tree_.op_mask, dtype, op);
   }
 
   // The one line every fallback decision prints (docs/host.md, "Logging"): SHARP's silent
@@ -328,8 +362,7 @@ class CommunicatorImpl final : public Communicator {
     std::optional<Obstacle> before;
     std::string why;
     if (!offloadable(o.dtype, o.op)) {
-      before = Obstacle{Code::failed_precondition,
-                        "the tree cannot reduce " + dtype_op(o.dtype, o.op) + " in the network"};
+      before = Obstacle{Code::failed_precondition, not_offloaded(tree_, o.dtype, o.op)};
       before->this_call_only = true;
       before->say_path = true;
     } else if (manager_ && !manager_->tree_usable(&why)) {
@@ -372,16 +405,14 @@ class CommunicatorImpl final : public Communicator {
       case Verdict::fail:
         return d.error;
       case Verdict::fall_back_once: {
-        // Per call: other (dtype, op) pairs stay in the network. Warned once per pair.
-        const unsigned bit =
-            static_cast<unsigned>(o.dtype) * kNumReduceOps + static_cast<unsigned>(o.op);
-        if ((warned_ >> bit & 1u) == 0) {
-          warned_ |= 1u << bit;
-          warn_fallback(d.reason);
-        }
+        // Per call: other (dtype, op) pairs stay in the network. Said on every such call, with
+        // its size, so that no host-side call is silent (SHARP's fallback is).
+        const std::string why = "allreduce of " + std::to_string(o.count) + " " +
+                                dtype_op(o.dtype, o.op) + " on the host path: " + d.reason;
+        std::fprintf(stderr, "treeduce: warning: rank %u: %s\n", opt_.rank, why.c_str());
         {
           std::lock_guard lk(mu_);
-          stats_.fallback_reason = d.reason;
+          stats_.fallback_reason = why;
         }
         return run_host(o, send);
       }
@@ -409,7 +440,6 @@ class CommunicatorImpl final : public Communicator {
   std::unique_ptr<NetworkLoop> network_;
   HostPath host_;
   std::uint64_t op_index_ = 0;       // operations executed: the same sequence on every rank
-  std::uint32_t warned_ = 0;         // (dtype, op) pairs already warned about, one bit each
   std::vector<std::uint8_t> saved_;  // in-place input kept for a fallback; reused
 
   // Shared, under mu_.

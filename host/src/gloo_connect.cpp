@@ -63,17 +63,19 @@ std::shared_ptr<gloo::Context> connect_gloo(const GlooRendezvous& r, std::string
   }
 }
 
-gloo::AllreduceOptions::Func gloo_reduce_32(agg::AccumulateFn acc) {
-  return [acc](void* c, const void* a, const void* b, std::size_t n) {
+gloo::AllreduceOptions::Func gloo_reduce(agg::AccumulateFn acc, std::size_t elem_size) {
+  return [acc, elem_size](void* c, const void* a, const void* b, std::size_t n) {
     if (c == a) {
       acc(c, b, n);
     } else if (c == b) {
       acc(c, a, n);
     } else {
-      std::memcpy(c, a, n * 4);
+      std::memcpy(c, a, n * elem_size);
       acc(c, b, n);
     }
   };
 }
+
+gloo::AllreduceOptions::Func gloo_reduce_32(agg::AccumulateFn acc) { return gloo_reduce(acc, 4); }
 
 }  // namespace treeduce::host

@@ -27,9 +27,13 @@ struct GlooRendezvous {
 /// made if missing. nullptr on failure with Gloo's reason (no sentence of ours) in `*reason`.
 std::shared_ptr<gloo::Context> connect_gloo(const GlooRendezvous& r, std::string* reason);
 
-/// Gloo's reduction function c = a OP b for f32 and i32, whose accumulator lanes are the elements
-/// themselves, with the aggregation kernel `acc` (acc = acc OP payload, in place); c may be a or
-/// b: SUM, MIN and MAX are commutative bit for bit (docs/numerics.md), so c == b is acc(c, a).
+/// Gloo's reduction function c = a OP b over elements of `elem_size` bytes that are their own
+/// accumulator (acc_size(d) == dtype_size(d): every type but the narrow floats), with the
+/// aggregation kernel `acc` (acc = acc OP payload, in place); c may be a or b: every defined
+/// operation is commutative bit for bit (docs/numerics.md; a NaN's payload aside, which emit
+/// makes canonical), so c == b is acc(c, a).
+gloo::AllreduceOptions::Func gloo_reduce(agg::AccumulateFn acc, std::size_t elem_size);
+/// gloo_reduce(acc, 4): f32, i32, u32 (treeduce-perf's Gloo baseline).
 gloo::AllreduceOptions::Func gloo_reduce_32(agg::AccumulateFn acc);
 
 }  // namespace treeduce::host

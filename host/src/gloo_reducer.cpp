@@ -1,11 +1,16 @@
 // Host-side reduction with Gloo: what a Communicator runs when the network path is not there.
 //
 // Numerics are the switch's (docs/numerics.md), computed with aggregation's own kernels so the
-// two paths cannot drift apart: every float type is widened to binary32 with the kernels' load,
-// reduced in binary32 by Gloo calling the kernels' f32 accumulate, and narrowed once with the
-// kernels' emit (round to nearest even, E4M3 saturation, canonical NaN). That is exactly what a
-// one-level switch does; only the order of a float sum may differ, within the bound of
-// docs/numerics.md. i32 uses the kernels' i32 accumulate (sums wrap, min/max signed).
+// two paths cannot drift apart. The narrow float types (f16, bf16, e4m3, e5m2) are widened to
+// binary32 with the kernels' load, reduced in binary32 by Gloo calling the kernels' f32
+// accumulate, and narrowed once with the kernels' emit (round to nearest even, E4M3 saturation,
+// canonical NaN), for sum, prod, min and max alike. Every other type is its own accumulator
+// (acc_size == dtype_size): the kernels' load starts it (the logical operations keep 0 or 1,
+// even for one rank; f64_i32's padding becomes zero), Gloo reduces it with the kernels'
+// accumulate of that very type (integers wrap in their width, f64 in binary64, pairs by
+// MINLOC/MAXLOC), and emit writes it out (canonical NaN). That is exactly what a one-level switch
+// does; only the order of a float sum or product may differ, within docs/numerics.md's bound.
+// Gloo is given elements of the type's size (1, 2, 4, 8 or 16 bytes), so it never splits one.
 //
 // Rendezvous: connect_gloo (gloo_connect.cpp), keyed by the job name.
 #include <gloo/allreduce.h>
@@ -38,19 +43,52 @@ class GlooReducer final : public HostReducer {
       return invalid_argument(
           "Host-side allreduce got an element type or operation that does not exist.");
     }
+    if (!op_defined(dtype, op)) {
+      return invalid_argument("Host-side allreduce cannot reduce " + std::string(name(dtype)) +
+                              " with " + std::string(name(op)) + ": " +
+                              std::string(op_refusal(dtype, op)) + ".");
+    }
     const agg::KernelTable& k = agg::kernels();
     try {
-      if (dtype == DType::i32) {
-        run<std::int32_t>(send, recv, count, k.accumulate_fn(DType::i32, op));
-      } else if (dtype == DType::f32) {
-        run<float>(send, recv, count, k.accumulate_fn(DType::f32, op));
-        // What a switch puts on the wire: a NaN of any payload becomes the canonical one.
-        k.emit_fn(DType::f32)(recv, recv, count);
-      } else {
+      if (is_narrow_float(dtype)) {
         wide_.resize(count);
         k.load_fn(dtype, op)(wide_.data(), send, count);
-        run<float>(wide_.data(), wide_.data(), count, k.accumulate_fn(DType::f32, op));
+        run<float>(wide_.data(), wide_.data(), count,
+                   gloo_reduce(k.accumulate_fn(DType::f32, op), sizeof(float)));
         k.emit_fn(dtype)(recv, wide_.data(), count);
+      } else {
+        // The accumulator is the wire layout: load into recv, reduce in place, emit in place.
+        // Load copies every type but f64_i32 (padding zeroed) under every operation but the
+        // logical ones (0/1): in place, those need no pass at all; the others go through
+        // scratch, as the kernels' buffers must not overlap.
+        const std::size_t size = dtype_size(dtype);
+        const bool load_copies = !is_logical(op) && dtype != DType::f64_i32;
+        if (send != recv) {
+          k.load_fn(dtype, op)(recv, send, count);
+        } else if (!load_copies) {
+          scratch_.assign(static_cast<const unsigned char*>(send),
+                          static_cast<const unsigned char*>(send) + count * size);
+          k.load_fn(dtype, op)(recv, scratch_.data(), count);
+        }
+        const auto f = gloo_reduce(k.accumulate_fn(dtype, op), size);
+        switch (size) {
+          case 1:
+            run<std::uint8_t>(recv, recv, count, f);
+            break;
+          case 2:
+            run<std::uint16_t>(recv, recv, count, f);
+            break;
+          case 4:
+            run<std::uint32_t>(recv, recv, count, f);
+            break;
+          case 8:
+            run<std::uint64_t>(recv, recv, count, f);
+            break;
+          default:
+            static_assert(sizeof(Elem16) == 16);
+            run<Elem16>(recv, recv, count, f);
+        }
+        k.emit_fn(dtype)(recv, recv, count);
       }
     } catch (const std::exception& e) {
       return treeduce::Status(Code::aborted, "Host-side allreduce of " + std::to_string(count) +
@@ -61,13 +99,18 @@ class GlooReducer final : public HostReducer {
   }
 
  private:
+  // The 16-byte element (f64_i32): T only gives Gloo the element size.
+  struct Elem16 {
+    std::uint64_t lo, hi;
+  };
+
   template <typename T>
-  void run(const void* send, void* recv, std::size_t count, agg::AccumulateFn acc) {
+  void run(const void* send, void* recv, std::size_t count, gloo::AllreduceOptions::Func f) {
     gloo::AllreduceOptions o(ctx_);
     // Gloo reads `send` and writes `recv`; in place it only needs the output.
     if (send != recv) o.setInput(static_cast<T*>(const_cast<void*>(send)), count);
     o.setOutput(static_cast<T*>(recv), count);
-    o.setReduceFunction(gloo_reduce_32(acc));
+    o.setReduceFunction(std::move(f));
     o.setTimeout(timeout_);
     gloo::allreduce(o);
   }
@@ -75,6 +118,7 @@ class GlooReducer final : public HostReducer {
   std::shared_ptr<gloo::Context> ctx_;
   std::chrono::milliseconds timeout_;
   std::vector<float> wide_;  // binary32 accumulator for the narrow types, reused across calls
+  std::vector<unsigned char> scratch_;  // an in-place call's input, reused across calls
 };
 
 }  // namespace

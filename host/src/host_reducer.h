@@ -14,9 +14,11 @@ namespace treeduce::host {
 class HostReducer {
  public:
   virtual ~HostReducer() = default;
-  /// Blocking allreduce among all ranks, with treeduce's numerics (docs/numerics.md): narrow
-  /// types are widened to binary32, reduced, and narrowed once; MIN/MAX are IEEE
-  /// minimum/maximum (NaN propagates, -0 < +0); i32 sums wrap. Ok, or why not.
+  /// Blocking allreduce among all ranks, with the switch's numerics (docs/numerics.md) for
+  /// every defined (dtype, op) pair: narrow floats are widened to binary32, reduced, and
+  /// narrowed once; integers wrap in their own width; f64 reduces in binary64; MIN/MAX are IEEE
+  /// minimum/maximum (NaN propagates, -0 < +0); logical results are 0 or 1; MINLOC/MAXLOC keep
+  /// the lowest index on ties. An undefined pair is invalid_argument. Ok, or why not.
   virtual treeduce::Status allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                      ReduceOp op) = 0;
 };

@@ -128,8 +128,12 @@ class GrpcManagerClient final : public ManagerClient {
     out.tree.child_index = std::uint16_t(a.child_index());
     out.tree.slots = a.slots();
     out.tree.payload_bytes = a.payload_bytes();
-    out.tree.dtype_mask = std::uint8_t(a.dtype_mask());
-    out.tree.op_mask = std::uint8_t(a.op_mask());
+    // Bits past the codes this library knows (a newer manager) are not ours to use.
+    out.tree.dtype_mask = a.dtype_mask() & kAllDTypesMask;
+    out.tree.op_mask = a.op_mask() & kAllOpsMask;
+    for (const pb::TreeSwitch& ts : a.switches())
+      out.tree.switches.push_back(
+          {ts.name(), ts.profile(), ts.dtype_mask() & kAllDTypesMask, ts.op_mask() & kAllOpsMask});
     out.tree.deterministic = a.deterministic();
     out.tree.lease_ms = a.lease_ms() ? a.lease_ms() : kDefaultLeaseMs;
     {

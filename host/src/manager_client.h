@@ -18,7 +18,8 @@ struct JoinRequest {
   std::string host;  ///< topology host name or data IPv4
   std::uint16_t port = 0;
   std::uint32_t slots = 16, payload_bytes = 1024;
-  std::uint8_t dtype_mask = 0, op_mask = 0;  ///< 0 = any
+  /// Pairs the job needs in the network (manager.proto JoinRequest); 0, 0 = none required.
+  std::uint32_t dtype_mask = 0, op_mask = 0;
   bool deterministic = false;
   std::uint32_t wait_ms = 30000;
 };

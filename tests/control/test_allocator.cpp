@@ -247,7 +247,8 @@ TEST(Allocator, RefusesBadRequests) {
   EXPECT_EQ(code({"j", {0}, 3}), Code::invalid_argument);
   EXPECT_EQ(code({"j", {0}, 8192}), Code::invalid_argument);
   EXPECT_EQ(code({"j", {0}, 8, 100}), Code::invalid_argument);
-  EXPECT_EQ(code({"j", {0}, 8, 1024, 0x40}), Code::invalid_argument);
+  EXPECT_EQ(code({"j", {0}, 8, 1024, 1u << kNumDTypes}), Code::invalid_argument);
+  EXPECT_EQ(code({"j", {0}, 8, 1024, 0, 1u << kNumReduceOps}), Code::invalid_argument);
   JobRequest huge{"j", std::vector<std::uint32_t>((1u << 20) + 1, 0)};
   EXPECT_EQ(code(huge), Code::invalid_argument);
   // 65 ranks on one leaf exceed a fan-in of 64.
@@ -264,13 +265,125 @@ TEST(Allocator, ProfilesShapeTheTree) {
   auto a = al.allocate(f32);
   ASSERT_FALSE(a.ok());
   EXPECT_EQ(a.status().code(), Code::failed_precondition);
-  EXPECT_NE(a.status().message().find("element type"), std::string::npos);
+  EXPECT_EQ(a.status().message(),
+            "No tree for job 'f': switch leaf0 (tofino) does not reduce f32 sum, which the job "
+            "needs.");
   JobRequest det{"d", {0, 2}, 8, 1024, 0, 0, true};
   EXPECT_EQ(al.allocate(det).status().code(), Code::failed_precondition);
   auto ok = al.allocate({"i", {0, 2}});
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->payload_bytes, 256u);  // a Tofino slot holds 64 int32
-  EXPECT_EQ(ok->dtype_mask, 1u << 5);
+  EXPECT_EQ(ok->dtype_mask, bit(DType::i32) | bit(DType::u32));
+  EXPECT_EQ(ok->op_mask, bit(ReduceOp::sum) | bit(ReduceOp::min) | bit(ReduceOp::max));
+}
+
+// What each built-in model offloads, pair by pair (docs/manager.md, "Resource profiles").
+TEST(Profiles, BuiltinProfilesOffloadTheirPairs) {
+  const ResourceProfile q2 = *find_builtin_profile("quantum2");
+  const ResourceProfile tofino = *find_builtin_profile("tofino");
+  const ResourceProfile server = *find_builtin_profile("server");
+  int defined = 0;
+  for (DType d : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      const bool def = op_defined(d, op);
+      defined += def;
+      SCOPED_TRACE(pair_name(d, op));
+      // Server: everything the kernels define.
+      EXPECT_EQ(offloads(server, d, op), def);
+      // Quantum-2: SHARP's set, everything but FP8.
+      EXPECT_EQ(offloads(q2, d, op), def && d != DType::e4m3 && d != DType::e5m2);
+      // Tofino: 32-bit integer sum, min and max.
+      const bool int32 = d == DType::i32 || d == DType::u32;
+      const bool arith = op == ReduceOp::sum || op == ReduceOp::min || op == ReduceOp::max;
+      EXPECT_EQ(offloads(tofino, d, op), int32 && arith);
+    }
+  }
+  EXPECT_EQ(count_pairs(server.dtype_mask, server.op_mask), std::uint32_t(defined));
+  EXPECT_EQ(count_pairs(tofino.dtype_mask, tofino.op_mask), 6u);
+  // Every pair type with minloc and maxloc, every integer with the ten others, every float
+  // with four: 3*2 + 8*10 + 4*4 (f16, bf16, f32, f64).
+  EXPECT_EQ(count_pairs(q2.dtype_mask, q2.op_mask), 6u + 80u + 16u);
+  // An undefined pair is never offloaded, whatever the masks say.
+  EXPECT_FALSE(offloads(kAllDTypesMask, kAllOpsMask, DType::f32, ReduceOp::band));
+  EXPECT_FALSE(offloads(kAllDTypesMask, kAllOpsMask, DType::i32, ReduceOp::minloc));
+}
+
+// A job that names the pairs it needs is granted a tree exactly when every switch offloads them;
+// a refusal names the switch, its model and the first missing pair.
+TEST(Allocator, AcceptsOrRefusesEveryPairByProfile) {
+  for (const char* model : {"quantum2", "tofino", "server"}) {
+    auto t = *make_fat_tree2(4, model);
+    Allocator al(t);
+    const ResourceProfile p = *find_builtin_profile(model);
+    int n = 0;
+    for (DType d : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        if (!op_defined(d, op)) continue;
+        SCOPED_TRACE(std::string(model) + " " + pair_name(d, op));
+        const std::string job = "j" + std::to_string(n++);
+        auto a = al.allocate({job, {0, 2}, 8, 256, bit(d), bit(op)});
+        if (offloads(p, d, op)) {
+          ASSERT_TRUE(a.ok()) << a.status().to_string();
+          EXPECT_TRUE(offloads(a->dtype_mask, a->op_mask, d, op));
+          ASSERT_TRUE(al.release(job).ok());
+        } else {
+          ASSERT_FALSE(a.ok());
+          EXPECT_EQ(a.status().code(), Code::failed_precondition);
+          EXPECT_EQ(a.status().message(), "No tree for job '" + job + "': switch leaf0 (" + model +
+                                              ") does not reduce " + pair_name(d, op) +
+                                              ", which the job needs.");
+        }
+      }
+    }
+  }
+}
+
+// Quantum-2 leaves under Tofino spines: a job under one leaf gets Quantum-2's pairs, a job across
+// leaves gets the spines' (the intersection), and one that needs f64 sum across leaves is refused
+// by the spine.
+TEST(Allocator, MixedFabricIntersectsAndNamesTheLimitingModel) {
+  auto t = *make_fat_tree2(4, "quantum2");
+  t.profiles.push_back(*find_builtin_profile("tofino"));
+  for (auto& s : t.switches)
+    if (s.level == 1) s.profile = std::uint32_t(t.profiles.size() - 1);
+  Allocator al(t);
+  auto local = al.allocate({"local", {0, 1}});
+  ASSERT_TRUE(local.ok()) << local.status().to_string();
+  EXPECT_TRUE(offloads(local->dtype_mask, local->op_mask, DType::f64, ReduceOp::sum));
+  EXPECT_FALSE(offloads(local->dtype_mask, local->op_mask, DType::e4m3, ReduceOp::sum));
+  auto wide = al.allocate({"wide", {0, 2}});
+  ASSERT_TRUE(wide.ok()) << wide.status().to_string();
+  EXPECT_EQ(count_pairs(wide->dtype_mask, wide->op_mask), 6u);
+  EXPECT_TRUE(offloads(wide->dtype_mask, wide->op_mask, DType::u32, ReduceOp::max));
+  EXPECT_FALSE(offloads(wide->dtype_mask, wide->op_mask, DType::f64, ReduceOp::sum));
+  auto f64 = al.allocate({"f64", {0, 2}, 16, 1024, bit(DType::f64), bit(ReduceOp::sum)});
+  ASSERT_FALSE(f64.ok());
+  EXPECT_EQ(f64.status().code(), Code::failed_precondition);
+  EXPECT_NE(f64.status().message().find("(tofino) does not reduce f64 sum, which the job needs"),
+            std::string::npos)
+      << f64.status().message();
+  EXPECT_NE(f64.status().message().find("switch spine"), std::string::npos)
+      << f64.status().message();
+}
+
+// Masks whose every pair is meaningless are a wrong request, refused by name.
+TEST(Allocator, RefusesMasksWithNoDefinedPair) {
+  auto t = *make_fat_tree2(4, "server");
+  Allocator al(t);
+  auto a = al.allocate({"j", {0}, 8, 1024, bit(DType::f32) | bit(DType::f64), bit(ReduceOp::band)});
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), Code::invalid_argument);
+  EXPECT_NE(a.status().message().find("band (bitwise and) is defined on integer types only"),
+            std::string::npos)
+      << a.status().message();
+  auto b = al.allocate({"k", {0}, 8, 1024, bit(DType::i32), bit(ReduceOp::minloc)});
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), Code::invalid_argument);
+  EXPECT_NE(b.status().message().find("minloc"), std::string::npos);
+  // One defined pair among meaningless ones is enough (f32 band is simply not needed).
+  EXPECT_TRUE(
+      al.allocate({"m", {0}, 8, 1024, bit(DType::f32) | bit(DType::i32), bit(ReduceOp::band)})
+          .ok());
 }
 
 TEST(Allocator, DeterministicModeCostsMemoryPerChild) {

@@ -221,7 +221,7 @@ TEST_F(Grpc, HostileRpcsAreRefusedWithCodeAndSentence) {
   bad_payload.set_payload_bytes(100000);
   expect(bad_payload, grpc::StatusCode::INVALID_ARGUMENT);
   auto bad_mask = join_req("k", 0, 2, "h0");
-  bad_mask.set_dtype_mask(0x1000);
+  bad_mask.set_dtype_mask(1u << treeduce::kNumDTypes);  // no such type
   expect(bad_mask, grpc::StatusCode::INVALID_ARGUMENT);
   expect(join_req("j", 0, 2, "h0", 20), grpc::StatusCode::DEADLINE_EXCEEDED);
   auto dup = join_req("j", 0, 2, "h1", 20);
@@ -299,6 +299,9 @@ TEST_F(Grpc, CliPrintsTablesAndJson) {
   ASSERT_EQ(t.size(), 1u);
   EXPECT_EQ(t[0]["job"], "train");
   EXPECT_EQ(t[0]["switches"].size(), 3u);
+  EXPECT_EQ(t[0]["offloads"],
+            "f32,f16,bf16,i32,i8,u8,i16,u16,u32,i64,u64,f64,f32_i32,f64_i32,i32_i32 with "
+            "sum,min,max,prod,band,bor,bxor,land,lor,lxor,minloc,maxloc (102 pairs)");
   auto [rc4, sw_json] = cli(m + "--json switches");
   ASSERT_EQ(rc4, 0);
   auto sw = nlohmann::json::parse(sw_json);
@@ -495,6 +498,25 @@ TEST_F(Grpc, DoctorSaysWhetherAJobWouldBeOffloadedAndWhyNot) {
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("'f33' is not an element type"), std::string::npos) << out;
   EXPECT_EQ(cli(m + "--world 2 --slots 3").first, 2);
+  std::tie(rc, out) = cli(m + "--world 2 --dtype f64 --op bxor");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("f64 bxor is not a reduction: bxor (bitwise xor) is defined on integer "
+                     "types only"),
+            std::string::npos)
+      << out;
+  // What each model offloads, once per profile.
+  std::tie(rc, out) = cli(m + "--world 2 --dtype u64 --op prod");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("note     Profile small-q2 (leaf0,leaf1) offloads f32,f16,bf16,i32,i8,u8,"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("note     Profile quantum2 (spine0,spine1) offloads"), std::string::npos)
+      << out;
+  std::tie(rc, out) = cli(m + "--world 2 --dtype e5m2 --op sum");
+  EXPECT_EQ(rc, 1) << out;  // Quantum-2 has no FP8
+  EXPECT_NE(out.find("Switch leaf0 (small-q2) does not reduce e5m2 sum; it reduces"),
+            std::string::npos)
+      << out;
 
   // No manager.
   std::tie(rc, out) = cli("--manager 127.0.0.1:1 doctor --world 2");
@@ -509,6 +531,8 @@ TEST_F(Grpc, DoctorSaysWhetherAJobWouldBeOffloadedAndWhyNot) {
   EXPECT_NE(out.find("Job 'train' already exists on the manager (running, 4/4 ranks)"),
             std::string::npos)
       << out;
+  EXPECT_NE(out.find("Job 'train''s tree ("), std::string::npos) << out;
+  EXPECT_NE(out.find("(102 pairs); f32 sum is one of them."), std::string::npos) << out;
   EXPECT_EQ(cli(m + "--job 'a b' --world 4").first, 1);
   EXPECT_EQ(cli(m + "--job other --world 4").first, 0);
 
@@ -534,7 +558,8 @@ TEST_F(Grpc, DoctorSaysWhetherAJobWouldBeOffloadedAndWhyNot) {
   ASSERT_TRUE(ints_only("leaf0").ok());
   std::tie(rc, out) = cli(m + "--job other --world 4");
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("warning  Switch leaf0 (ints) cannot reduce f32; it reduces i32."),
+  EXPECT_NE(out.find("warning  Switch leaf0 (ints) does not reduce f32 sum; it reduces i32 with "
+                     "sum,min,max (3 pairs)."),
             std::string::npos)
       << out;
   ASSERT_TRUE(ints_only("leaf1").ok());

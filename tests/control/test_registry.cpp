@@ -126,6 +126,58 @@ TEST_F(Fixture, AllRanksGetConsistentAssignmentsAndSwitchesGetTheTree) {
   for (auto& s : reg->switches()) EXPECT_EQ(s.used, Usage{});
 }
 
+// Every rank learns what each switch of its tree offloads (root first) and what the tree as a
+// whole does; a switch that registers as another model changes both.
+TEST_F(Fixture, AssignmentsNameEachSwitchModelAndItsPairs) {
+  ResourceProfile tofino = *find_builtin_profile("tofino");
+  ASSERT_TRUE(reg->register_switch("spine0", "127.0.0.1:1", tofino).ok());
+  ASSERT_TRUE(reg->register_switch("spine1", "127.0.0.1:2", tofino).ok());
+  auto res = join_all("caps", {"h0-0", "h1-0"});
+  for (auto& r : res) {
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->switches.size(), 3u);  // a spine, then the two leaves
+    EXPECT_EQ(r->switches[0].profile, "tofino");
+    EXPECT_EQ(r->switches[0].name.rfind("spine", 0), 0u);
+    EXPECT_EQ(r->switches[0].dtype_mask, tofino.dtype_mask);
+    EXPECT_EQ(r->switches[0].op_mask, tofino.op_mask);
+    EXPECT_EQ(r->switches[1].profile, "quantum2");
+    EXPECT_EQ(r->switches[1].name, "leaf0");
+    EXPECT_EQ(r->switches[2].name, "leaf1");
+    EXPECT_EQ(r->dtype_mask, tofino.dtype_mask);  // the intersection
+    EXPECT_EQ(r->op_mask, tofino.op_mask);
+  }
+  // Under one leaf the tree is that leaf alone, a Quantum-2: f64 sum but no FP8.
+  auto one = join_all("one", {"h2-0", "h2-1"});
+  ASSERT_TRUE(one[0].ok());
+  ASSERT_EQ(one[0]->switches.size(), 1u);
+  EXPECT_TRUE(offloads(one[0]->dtype_mask, one[0]->op_mask, DType::f64, ReduceOp::sum));
+  EXPECT_FALSE(offloads(one[0]->dtype_mask, one[0]->op_mask, DType::e5m2, ReduceOp::sum));
+}
+
+// A job that needs a pair the tree's switches lack is refused, the reason naming the model.
+TEST_F(Fixture, RequiredPairsAreCheckedAgainstTheTreesModels) {
+  ASSERT_TRUE(reg->register_switch("leaf3", "127.0.0.1:1", *find_builtin_profile("tofino")).ok());
+  auto a = args("need-f64", 0, 1, "h3-0");
+  a.dtype_mask = bit(DType::f64);
+  a.op_mask = bit(ReduceOp::sum);
+  auto r = reg->join(a, 1000);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::failed_precondition);
+  EXPECT_NE(r.status().message().find("switch leaf3 (tofino) does not reduce f64 sum"),
+            std::string::npos)
+      << r.status().message();
+  // Masks that make no defined pair are refused before anything is allocated.
+  auto b = args("meaningless", 0, 1, "h0-0");
+  b.dtype_mask = bit(DType::f64);
+  b.op_mask = bit(ReduceOp::bxor);
+  auto rb = reg->join(b, 1000);
+  ASSERT_FALSE(rb.ok());
+  EXPECT_EQ(rb.status().code(), Code::invalid_argument);
+  EXPECT_NE(rb.status().message().find("bxor (bitwise xor) is defined on integer types only"),
+            std::string::npos)
+      << rb.status().message();
+}
+
 TEST_F(Fixture, ManyJoinsAtOnce) {
   // 24 jobs of 4 ranks, all 96 joins concurrently; leaves hold 64 trees, so all fit.
   std::vector<std::thread> th;

@@ -87,6 +87,38 @@ TEST(Topology, ErrorsNameTheLine) {
                "power of two");
 }
 
+// A profile may say which types and operations its model reduces, by name; a pair is offloaded
+// when both are listed and the pair is defined.
+TEST(Topology, ProfilesNameTheirTypesAndOperations) {
+  auto t = load_topology_yaml(
+      "profiles:\n"
+      "  - {name: ints, base: quantum2, dtypes: [i32, uint64, MPI_2INT], ops: [sum, bxor, "
+      "minloc]}\n"
+      "  - {name: every, base: tofino, dtypes: all, ops: all}\n"
+      "switches:\n  - {name: a, level: 0, profile: ints}\n  - {name: b, level: 0, profile: "
+      "every}\n");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const ResourceProfile& ints = t->profile_of(std::uint32_t(t->find_switch("a")));
+  EXPECT_EQ(ints.dtype_mask, bit(DType::i32) | bit(DType::u64) | bit(DType::i32_i32));
+  EXPECT_EQ(ints.op_mask, bit(ReduceOp::sum) | bit(ReduceOp::bxor) | bit(ReduceOp::minloc));
+  EXPECT_TRUE(offloads(ints, DType::u64, ReduceOp::bxor));
+  EXPECT_TRUE(offloads(ints, DType::i32_i32, ReduceOp::minloc));
+  EXPECT_FALSE(offloads(ints, DType::i32_i32, ReduceOp::sum));
+  EXPECT_EQ(ints.max_payload_bytes, 1024u);  // the rest from quantum2
+  const ResourceProfile& every = t->profile_of(std::uint32_t(t->find_switch("b")));
+  EXPECT_EQ(every.dtype_mask, kAllDTypesMask);
+  EXPECT_EQ(every.op_mask, kAllOpsMask);
+  EXPECT_EQ(every.max_payload_bytes, 256u);  // from tofino
+  expect_error("profiles:\n  - {name: p, dtypes: [f32, quad]}\nswitches: []\n", 2,
+               "'quad' is not an element type");
+  expect_error("profiles:\n  - {name: p, ops: [sum, avg]}\nswitches: []\n", 2,
+               "'avg' is not an operation");
+  expect_error("profiles:\n  - {name: p, dtypes: f32}\nswitches: []\n", 2,
+               "list of names or 'all'");
+  expect_error("profiles:\n  - {name: p, dtypes: [f32, f64], ops: [band, lor]}\nswitches: []\n", 2,
+               "make no defined pair");
+}
+
 TEST(Topology, StructuralErrors) {
   EXPECT_EQ(load_topology_yaml("switches: []\n").status().code(), Code::invalid_argument);
   EXPECT_EQ(load_topology_file("/nonexistent/x.yaml").status().code(), Code::not_found);

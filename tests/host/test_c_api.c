@@ -1,4 +1,6 @@
-/* The C API from plain C: one allreduce through a one-rank static tree, and the error paths.
+/* The C API from plain C: one allreduce through a one-rank static tree, every type and operation
+ * (tdr_offloads() against MPI's rule written again here, every defined pair reduced, every other
+ * refused by name), and the error paths.
  * Driven by test_communicator.cpp (CApi.AllreduceAndErrors), which runs the fake switch and
  * passes its address. Returns 0, or a non-zero line number with a sentence in `message`. */
 #include <stdint.h>
@@ -6,6 +8,22 @@
 #include <string.h>
 
 #include "treeduce/treeduce.h"
+
+/* MPI's rule, independently of dtype.h: sum/prod/min/max on every integer and float type,
+ * bitwise and logical operations on integers, minloc/maxloc on the pair types only. */
+static int defined(int d, int o) {
+  const int pair = d == tdr_f32_i32 || d == tdr_f64_i32 || d == tdr_i32_i32;
+  const int integer = d == tdr_i32 || (d >= tdr_i8 && d <= tdr_u64);
+  if (pair) return o == tdr_minloc || o == tdr_maxloc;
+  if (o == tdr_minloc || o == tdr_maxloc) return 0;
+  if (o >= tdr_band && o <= tdr_lxor) return integer;
+  return 1;
+}
+
+static size_t size_of(int d) {
+  static const size_t sizes[] = {4, 2, 2, 1, 1, 4, 1, 1, 2, 2, 4, 8, 8, 8, 8, 16, 8};
+  return sizes[d];
+}
 
 int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsigned short port,
                         char* message, size_t message_len);
@@ -87,7 +105,7 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   CHECK(strstr(tdr_last_error(comm), "42 is not a tdr_dtype_t") != NULL);
   /* 261 = 256 + tdr_i32: must not wrap into a valid type. */
   CHECK(tdr_iallreduce(comm, in, out, 1, (tdr_dtype_t)261, tdr_sum, &req) == tdr_invalid_argument);
-  CHECK(tdr_reduce(comm, in, out, 1, tdr_i32, (tdr_op_t)3, 0) == tdr_invalid_argument);
+  CHECK(tdr_reduce(comm, in, out, 1, tdr_i32, (tdr_op_t)12, 0) == tdr_invalid_argument);
   CHECK(strstr(tdr_last_error(comm), "not a tdr_op_t") != NULL);
   CHECK(tdr_offloads(comm, (tdr_dtype_t)261, tdr_sum) == 0);
   CHECK(tdr_iallreduce(comm, in, out, 1, tdr_i32, tdr_sum, NULL) == tdr_invalid_argument);
@@ -98,6 +116,49 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   CHECK(strcmp(tdr_last_error(comm), "") == 0); /* a success clears the last error */
   CHECK(tdr_get_stats(comm, &stats) == tdr_ok);
   CHECK(stats.network_ops == 6 && stats.fallback_ops == 0);
+  CHECK(strcmp(tdr_fallback_reason(comm), "") == 0);
+
+  /* Every type and operation: offloaded when defined (the static tree allows every code),
+   * reduced exactly, or refused with a sentence naming both. One rank: the result is the input,
+   * except that logical operations give 1 for a non-zero input. */
+  CHECK(opt.static_dtype_mask == 0x1FFFFu && opt.static_op_mask == 0xFFFu);
+  {
+    int d, o;
+    size_t k;
+    unsigned char src[3 * 16], dst[3 * 16], want[3 * 16];
+    for (d = tdr_f32; d <= tdr_i32_i32; ++d) {
+      for (o = tdr_sum; o <= tdr_maxloc; ++o) {
+        const int integer = d == tdr_i32 || (d >= tdr_i8 && d <= tdr_u64);
+        const size_t n = 3 * size_of(d);
+        CHECK(tdr_offloads(comm, (tdr_dtype_t)d, (tdr_op_t)o) == defined(d, o));
+        memset(src, integer ? 0x01 : 0x00, n);
+        memset(dst, 0xEE, n);
+        memcpy(want, src, n);
+        if (integer && o >= tdr_land && o <= tdr_lxor) {
+          memset(want, 0, n);
+          for (k = 0; k < 3; ++k) want[k * size_of(d)] = 1;
+        }
+        if (defined(d, o)) {
+          CHECK(tdr_allreduce(comm, src, dst, 3, (tdr_dtype_t)d, (tdr_op_t)o) == tdr_ok);
+          CHECK(memcmp(dst, want, n) == 0);
+        } else {
+          CHECK(tdr_allreduce(comm, src, dst, 3, (tdr_dtype_t)d, (tdr_op_t)o) ==
+                tdr_invalid_argument);
+          CHECK(strstr(tdr_last_error(comm), "is not a reduction") != NULL);
+        }
+      }
+    }
+  }
+  CHECK(tdr_allreduce(comm, in, out, 1, tdr_f32, tdr_band) == tdr_invalid_argument);
+  CHECK(
+      strcmp(tdr_last_error(comm),
+             "The pair f32 band is not a reduction: band (bitwise and) is defined on integer types "
+             "only, not on floating-point types.") == 0);
+  CHECK(tdr_allreduce(comm, in, out, 1, tdr_i32, tdr_minloc) == tdr_invalid_argument);
+  CHECK(strstr(tdr_last_error(comm), "i32 minloc is not a reduction: minloc is defined on") !=
+        NULL);
+  CHECK(tdr_get_stats(comm, &stats) == tdr_ok);
+  CHECK(stats.fallback_ops == 0);
   tdr_comm_destroy(comm);
   return 0;
 }

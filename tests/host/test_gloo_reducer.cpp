@@ -1,7 +1,9 @@
-// Host-side reduction across forked ranks on 127.0.0.1: every dtype x op against a reference
-// computed here from convert.h (widen, fold in binary32, narrow once), special values, in place
-// and not, sizes 0 to 1M, a rank that never comes, and rendezvous directories that are reused or
-// shared by two jobs at once.
+// Host-side reduction across forked ranks on 127.0.0.1: every defined dtype x op against an
+// independent reference (pair_reference.h: integers wrapping in their width, f64 in binary64,
+// narrow floats folded in binary32 and narrowed once, MINLOC/MAXLOC ties), special values, in
+// place and not, one rank (logical results still 0 or 1), undefined pairs refused, sizes 0 to
+// 1M, a rank that never comes, and rendezvous directories that are reused or shared by two jobs
+// at once.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "host_reducer.h"
+#include "pair_reference.h"
 #include "treeduce/aggregation/convert.h"
 
 using namespace treeduce;
@@ -29,153 +32,9 @@ namespace {
 
 using Bytes = std::vector<unsigned char>;
 
-// --- The reference: what a one-level switch computes. ---------------------------------------
-
-float widen(DType d, const unsigned char* p) {
-  std::uint16_t h;
-  float f;
-  switch (d) {
-    default:  // TODO(issue 14): the types added by issue 14
-      break;
-    case DType::f32:
-      std::memcpy(&f, p, 4);
-      return f;
-    case DType::f16:
-      std::memcpy(&h, p, 2);
-      return agg::f16_to_f32(h);
-    case DType::bf16:
-      std::memcpy(&h, p, 2);
-      return agg::bf16_to_f32(h);
-    case DType::e4m3:
-      return agg::e4m3_to_f32(*p);
-    case DType::e5m2:
-      return agg::e5m2_to_f32(*p);
-    case DType::i32:
-      break;
-  }
-  return 0;
-}
-
-void narrow(DType d, float v, unsigned char* p) {
-  std::uint16_t h;
-  switch (d) {
-    default:  // TODO(issue 14): the types added by issue 14
-      break;
-    case DType::f32:
-      v = agg::canonicalize_f32(v);
-      std::memcpy(p, &v, 4);
-      return;
-    case DType::f16:
-      h = agg::f32_to_f16(v);
-      std::memcpy(p, &h, 2);
-      return;
-    case DType::bf16:
-      h = agg::f32_to_bf16(v);
-      std::memcpy(p, &h, 2);
-      return;
-    case DType::e4m3:
-      *p = agg::f32_to_e4m3(v);
-      return;
-    case DType::e5m2:
-      *p = agg::f32_to_e5m2(v);
-      return;
-    case DType::i32:
-      return;
-  }
-}
-
-// IEEE 754-2019 minimum/maximum: NaN wins, -0 < +0.
-float combine(ReduceOp op, float a, float b) {
-  if (op == ReduceOp::sum) return a + b;
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
-  if (a == b) {
-    const bool neg = op == ReduceOp::min ? (std::signbit(a) || std::signbit(b))
-                                         : (std::signbit(a) && std::signbit(b));
-    return neg ? -std::fabs(a) : std::fabs(a);
-  }
-  return (op == ReduceOp::min) == (a < b) ? a : b;
-}
-
-std::int32_t combine(ReduceOp op, std::int32_t a, std::int32_t b) {
-  if (op == ReduceOp::sum) return std::int32_t(std::uint32_t(a) + std::uint32_t(b));
-  return op == ReduceOp::min ? std::min(a, b) : std::max(a, b);
-}
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Rank r's input. Finite values lie on a grid coarse enough that every sum of up to four ranks
-// is exact in binary32 in any order, so the expected bits do not depend on Gloo's summation
-// order; narrowing the sum still rounds (and ties) in the narrow types. Special lanes: a NaN on
-// one rank, +0/-0 mixed, all -0, +inf, -inf, and the largest finite value on every rank (sums
-// overflow: infinity, or 448 for E4M3).
-Bytes input(DType d, std::uint32_t rank, std::size_t count, std::uint64_t seed) {
-  Bytes b(count * dtype_size(d));
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::uint64_t r = mix(seed ^ (std::uint64_t(rank) << 40) ^ i);
-    unsigned char* p = b.data() + i * dtype_size(d);
-    if (d == DType::i32) {
-      std::int32_t v = std::int32_t(std::uint32_t(r));
-      if (i % 17 == 3) v = std::numeric_limits<std::int32_t>::max();  // sums wrap
-      if (i % 17 == 4) v = std::numeric_limits<std::int32_t>::min();
-      std::memcpy(p, &v, 4);
-      continue;
-    }
-    const bool wide = d == DType::f32;
-    float v = std::ldexp(float(std::int32_t(r % (wide ? 8193 : 129)) - (wide ? 4096 : 64)),
-                         -int((r >> 20) % (wide ? 9 : 5)));
-    switch (i % 37) {
-      case 5:
-        if (rank == 1) v = std::numeric_limits<float>::quiet_NaN();
-        break;
-      case 7:
-        v = rank % 2 ? -0.0f : 0.0f;
-        break;
-      case 9:
-        v = -0.0f;
-        break;
-      case 11:
-        if (rank == 0) v = INFINITY;
-        break;
-      case 13:
-        if (rank == 0) v = -INFINITY;
-        break;
-      case 15:
-        v = std::numeric_limits<float>::max();  // narrowed to the type's largest finite
-        break;
-    }
-    narrow(d, v, p);
-  }
-  return b;
-}
-
-Bytes expected(DType d, ReduceOp op, std::uint32_t world, std::size_t count, std::uint64_t seed) {
-  std::vector<Bytes> in;
-  for (std::uint32_t r = 0; r < world; ++r) in.push_back(input(d, r, count, seed));
-  Bytes out(count * dtype_size(d));
-  const std::size_t s = dtype_size(d);
-  for (std::size_t i = 0; i < count; ++i) {
-    if (d == DType::i32) {
-      std::int32_t acc, v;
-      std::memcpy(&acc, in[0].data() + i * s, 4);
-      for (std::uint32_t r = 1; r < world; ++r) {
-        std::memcpy(&v, in[r].data() + i * s, 4);
-        acc = combine(op, acc, v);
-      }
-      std::memcpy(out.data() + i * s, &acc, 4);
-      continue;
-    }
-    float acc = widen(d, in[0].data() + i * s);
-    for (std::uint32_t r = 1; r < world; ++r)
-      acc = combine(op, acc, widen(d, in[r].data() + i * s));
-    narrow(d, acc, out.data() + i * s);
-  }
-  return out;
-}
+// The reference (pair_reference.h): independent of the kernels, exact in any order.
+using ref::expected;
+using ref::input;
 
 // --- Ranks as processes. ---------------------------------------------------------------------
 
@@ -259,7 +118,7 @@ std::vector<int> run(const Rendezvous& rv, const Body& body) {
 // One allreduce checked against the reference; prints a mismatch and returns 1.
 int check(HostReducer& red, std::uint32_t rank, std::uint32_t world, DType d, ReduceOp op,
           std::size_t count, bool in_place, std::uint64_t seed) {
-  Bytes in = input(d, rank, count, seed);
+  Bytes in = input(d, op, rank, count, seed);
   Bytes out(in.size(), 0xAB);
   const treeduce::Status err = in_place ? red.allreduce(in.data(), in.data(), count, d, op)
                                         : red.allreduce(in.data(), out.data(), count, d, op);
@@ -273,12 +132,10 @@ int check(HostReducer& red, std::uint32_t rank, std::uint32_t world, DType d, Re
   for (std::size_t i = 0; i < count; ++i) {
     const std::size_t s = dtype_size(d);
     if (std::memcmp(got.data() + i * s, want.data() + i * s, s) != 0) {
-      std::uint32_t g = 0, w = 0;
-      std::memcpy(&g, got.data() + i * s, s);
-      std::memcpy(&w, want.data() + i * s, s);
-      std::fprintf(
-          stderr, "rank %u world %u %s %s count %zu%s: element %zu is 0x%x, expected 0x%x\n", rank,
-          world, name(d).data(), name(op).data(), count, in_place ? " in place" : "", i, g, w);
+      std::fprintf(stderr, "rank %u world %u %s %s count %zu%s: element %zu is %s, expected %s\n",
+                   rank, world, name(d).data(), name(op).data(), count, in_place ? " in place" : "",
+                   i, ref::show(d, got.data() + i * s).c_str(),
+                   ref::show(d, want.data() + i * s).c_str());
       return 1;
     }
   }
@@ -304,11 +161,10 @@ void every_dtype_and_op(std::uint32_t world) {
   auto codes = run({"all", dir.path, world, 20000}, [world](HostReducer& red, std::uint32_t r) {
     int failures = 0;
     std::uint64_t seed = 1;
-    for (DType d : kAllDTypes)
-      for (ReduceOp op : kAllReduceOps)
-        for (std::size_t count : {std::size_t(1), std::size_t(3), std::size_t(1000)})
-          for (bool in_place : {false, true})
-            failures += check(red, r, world, d, op, count, in_place, ++seed);
+    for (const auto& [d, op] : ref::defined_pairs())
+      for (std::size_t count : {std::size_t(1), std::size_t(3), std::size_t(1000)})
+        for (bool in_place : {false, true})
+          failures += check(red, r, world, d, op, count, in_place, ++seed);
     return failures;
   });
   for (std::uint32_t r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
@@ -348,12 +204,50 @@ TEST(GlooReducer, ZeroElementsIsANoOpAndOneMillionFloatsWork) {
   for (int c : codes) EXPECT_EQ(c, 0);
 }
 
-TEST(GlooReducer, OneRankNeedsNoPeers) {
+// One rank exchanges nothing, but its result is still what a switch emits: logical results 0 or
+// 1, f64_i32 padding zero, NaNs canonical.
+TEST(GlooReducer, OneRankNeedsNoPeersAndStillNormalises) {
   TempDir dir("one");
   auto codes = run({"one", dir.path, 1, 5000}, [](HostReducer& red, std::uint32_t r) {
-    return check(red, r, 1, DType::e4m3, ReduceOp::sum, 100, false, 5);
+    int failures = 0;
+    std::uint64_t seed = 5;
+    for (const auto& [d, op] : ref::defined_pairs())
+      for (bool in_place : {false, true})
+        failures += check(red, r, 1, d, op, 100, in_place, ++seed);
+    // A value other than 0 and 1 comes back as 1.
+    std::int16_t x[3] = {0, -7, 300};
+    failures += red.allreduce(x, x, 3, DType::i16, ReduceOp::lor).ok() ? 0 : 1;
+    failures += (x[0] == 0 && x[1] == 1 && x[2] == 1) ? 0 : 1;
+    return failures;
   });
   EXPECT_EQ(codes[0], 0);
+}
+
+// A pair that means nothing is refused by name before anything is exchanged.
+TEST(GlooReducer, UndefinedPairsAreRefusedByName) {
+  TempDir dir("undef");
+  auto codes = run({"undef", dir.path, 2, 10000}, [](HostReducer& red, std::uint32_t r) {
+    int failures = 0;
+    for (DType d : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        if (op_defined(d, op)) continue;
+        Bytes buf(4 * dtype_size(d), 0);
+        const treeduce::Status s = red.allreduce(buf.data(), buf.data(), 4, d, op);
+        const std::string want = std::string(op_refusal(d, op));
+        if (s.code() != treeduce::Code::invalid_argument ||
+            s.message().find(want) == std::string::npos ||
+            s.message().find(std::string(name(d))) == std::string::npos) {
+          std::fprintf(stderr, "%s %s: %s\n", name(d).data(), name(op).data(),
+                       s.to_string().c_str());
+          ++failures;
+        }
+      }
+    }
+    // Both ranks are still in step: a defined pair after the refusals works.
+    failures += check(red, r, 2, DType::u16, ReduceOp::bxor, 10, false, 77);
+    return failures;
+  });
+  for (int c : codes) EXPECT_EQ(c, 0);
 }
 
 // The rendezvous gives up (its own timeout, not a test's clock): every rank that came fails with

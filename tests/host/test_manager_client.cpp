@@ -3,7 +3,12 @@
 // of docs/manager.md: h0, h1 under leaf0; h2, h3 under leaf1; two spines.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -128,8 +133,16 @@ TEST_F(ManagerClientTest, TwoRanksGetConsistentAssignmentsAndLeaveRemovesTheTree
   EXPECT_NE(out[0].tree.child_index, out[1].tree.child_index);
   EXPECT_EQ(out[0].tree.slots, 16u);
   EXPECT_EQ(out[0].tree.payload_bytes, 1024u);
-  EXPECT_EQ(out[0].tree.dtype_mask, 0x3F);
-  EXPECT_EQ(out[0].tree.op_mask, 0x07);
+  // leaf0 is small-q2, a Quantum-2: SHARP's pairs without FP8, and the rank learns its model.
+  const std::uint32_t q2 = treeduce::kAllDTypesMask & ~(treeduce::bit(treeduce::DType::e4m3) |
+                                                        treeduce::bit(treeduce::DType::e5m2));
+  EXPECT_EQ(out[0].tree.dtype_mask, q2);
+  EXPECT_EQ(out[0].tree.op_mask, treeduce::kAllOpsMask);
+  ASSERT_EQ(out[0].tree.switches.size(), 1u);
+  EXPECT_EQ(out[0].tree.switches[0].name, "leaf0");
+  EXPECT_EQ(out[0].tree.switches[0].profile, "small-q2");
+  EXPECT_EQ(out[0].tree.switches[0].dtype_mask, q2);
+  EXPECT_EQ(out[0].tree.switches[0].op_mask, treeduce::kAllOpsMask);
   EXPECT_EQ(out[0].tree.lease_ms, 600u);
   EXPECT_EQ(agents["leaf0"]->tree_count(), 1u);
   // Heartbeats keep the job alive past its 600 ms lease: 900 ms pass on the manager's clock,
@@ -258,4 +271,67 @@ TEST_F(ManagerClientTest, AnUnreachableManagerLeavesTheTreeInUseAndIsLoggedOnce)
   EXPECT_NE(first, std::string::npos) << log;
   EXPECT_EQ(log.find(line, first + 1), std::string::npos) << log;
   EXPECT_EQ(agents["leaf0"]->tree_count(), 1u);
+}
+
+namespace {
+
+// Runs the fallback probe (fallback_probe.cpp) as a one-rank job with `env` added to this
+// process's environment; its stdout and exit code.
+std::pair<int, std::string> run_probe(const std::vector<std::string>& env,
+                                      const std::vector<std::string>& args) {
+  int out[2];
+  if (pipe(out) != 0) return {-1, "pipe failed"};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    close(out[1]);
+    for (const std::string& kv : env) putenv(const_cast<char*>(kv.c_str()));
+    std::vector<char*> argv{const_cast<char*>(TREEDUCE_FALLBACK_PROBE)};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) text.append(buf, std::size_t(n));
+  close(out[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, text};
+}
+
+}  // namespace
+
+// End to end through the manager: leaf0 is a Tofino-like switch, so a rank under it is given a
+// tree that offloads 32-bit integer sum/min/max only; an f64 sum runs on the host path, and the
+// library says so naming the switch and its model (docs/host.md, section 2).
+TEST_F(ManagerClientTest, HostPathCallNamesTheSwitchModelThatCannotReduceIt) {
+  const std::string from = "data: \"10.0.0.1:4791\", profile: small-q2";
+  const auto at = yaml.find(from);
+  ASSERT_NE(at, std::string::npos) << "docs/manager.md's example changed";
+  yaml.replace(at, from.size(), "data: \"10.0.0.1:4791\", profile: tofino");
+  start();
+  const std::string store = "/tmp/treeduce-test-probe-" + std::to_string(getpid());
+  const std::vector<std::string> env = {
+      "TREEDUCE_MANAGER=" + addr, "TREEDUCE_JOB=probe",
+      "TREEDUCE_RANK=0",          "TREEDUCE_WORLD_SIZE=1",
+      "TREEDUCE_HOST=h0",         "TREEDUCE_PORT=29990",
+      "TREEDUCE_PATH=auto",       "TREEDUCE_FALLBACK_STORE=" + store};
+  auto [rc, out] = run_probe(env, {"f64", "sum", "1024", "i32", "max", "u32", "sum", "i64", "sum"});
+  std::filesystem::remove_all(store);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("path network\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("offloads f64 sum 0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("offloads i32 max 1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("offloads u32 sum 1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("offloads i64 sum 0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("result ok\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("reason allreduce of 1024 f64 sum on the host path: switch 'leaf0' (profile "
+                     "tofino) does not reduce f64 sum\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("fallback_ops 1\nnetwork_ops 0\n"), std::string::npos) << out;
 }

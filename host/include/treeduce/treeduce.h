@@ -32,22 +32,51 @@ typedef enum tdr_result {
   tdr_result_max_enum = 0x7FFFFFFF
 } tdr_result_t;
 
-/** Element type (treeduce::DType, the wire's values). */
+/**
+ * Element type (treeduce::DType, the wire's values; codes are only ever appended). Elements are
+ * little-endian. The pair types are MPI's C struct layouts, for MINLOC and MAXLOC only: an
+ * element's padding is ignored on input and zero on output.
+ */
 typedef enum tdr_dtype {
   tdr_f32 = 0,                    /**< IEEE binary32 */
-  tdr_f16 = 1,                    /**< IEEE binary16 */
-  tdr_bf16 = 2,                   /**< bfloat16 */
-  tdr_e4m3 = 3,                   /**< OCP FP8 E4M3 */
-  tdr_e5m2 = 4,                   /**< OCP FP8 E5M2 */
-  tdr_i32 = 5,                    /**< int32, sums wrap */
+  tdr_f16 = 1,                    /**< IEEE binary16, reduced in binary32, rounded once */
+  tdr_bf16 = 2,                   /**< bfloat16, reduced in binary32, rounded once */
+  tdr_e4m3 = 3,                   /**< OCP FP8 E4M3 (saturates), reduced in binary32 */
+  tdr_e5m2 = 4,                   /**< OCP FP8 E5M2, reduced in binary32 */
+  tdr_i32 = 5,                    /**< int32_t; sums and products wrap */
+  tdr_i8 = 6,                     /**< int8_t; sums and products wrap */
+  tdr_u8 = 7,                     /**< uint8_t */
+  tdr_i16 = 8,                    /**< int16_t */
+  tdr_u16 = 9,                    /**< uint16_t */
+  tdr_u32 = 10,                   /**< uint32_t */
+  tdr_i64 = 11,                   /**< int64_t */
+  tdr_u64 = 12,                   /**< uint64_t */
+  tdr_f64 = 13,                   /**< IEEE binary64, reduced in binary64 */
+  tdr_f32_i32 = 14,               /**< struct { float v; int32_t i; }: MPI_FLOAT_INT, 8 bytes */
+  tdr_f64_i32 = 15,               /**< struct { double v; int32_t i; }: MPI_DOUBLE_INT, 16 bytes */
+  tdr_i32_i32 = 16,               /**< struct { int32_t v; int32_t i; }: MPI_2INT, 8 bytes */
   tdr_dtype_max_enum = 0x7FFFFFFF /**< not a type (see tdr_result_max_enum) */
 } tdr_dtype_t;
 
-/** Reduction operation (treeduce::ReduceOp). */
+/**
+ * Reduction operation (treeduce::ReduceOp, MPI's predefined operations). Which pairs are defined
+ * is MPI's rule: sum, prod, min, max on every integer and float type; the bitwise and logical
+ * operations on integer types; minloc and maxloc on the pair types only. Any other pair is
+ * refused with tdr_invalid_argument and a sentence naming both.
+ */
 typedef enum tdr_op {
-  tdr_sum = 0,                 /**< sum */
+  tdr_sum = 0,                 /**< sum (integers wrap in their own width) */
   tdr_min = 1,                 /**< IEEE minimum (NaN propagates, -0 < +0) */
   tdr_max = 2,                 /**< IEEE maximum */
+  tdr_prod = 3,                /**< product (integers wrap) */
+  tdr_band = 4,                /**< bitwise and: integer types */
+  tdr_bor = 5,                 /**< bitwise or: integer types */
+  tdr_bxor = 6,                /**< bitwise exclusive or: integer types */
+  tdr_land = 7,                /**< logical and: integer types, results 0 or 1 */
+  tdr_lor = 8,                 /**< logical or: integer types, results 0 or 1 */
+  tdr_lxor = 9,                /**< logical exclusive or: integer types, results 0 or 1 */
+  tdr_minloc = 10,             /**< lowest value, lowest index on ties: pair types */
+  tdr_maxloc = 11,             /**< highest value, lowest index on ties: pair types */
   tdr_op_max_enum = 0x7FFFFFFF /**< not an operation (see tdr_result_max_enum) */
 } tdr_op_t;
 
@@ -93,8 +122,10 @@ typedef struct tdr_options {
   uint16_t static_child_index;   /**< static tree: this rank's child index at its leaf */
   uint32_t static_slots;         /**< static tree: slots, as installed */
   uint32_t static_payload_bytes; /**< static tree: payload bytes, as installed */
-  uint8_t static_dtype_mask;     /**< static tree: bit d = tdr_dtype_t d is reduced */
-  uint8_t static_op_mask;        /**< static tree: bit o = tdr_op_t o is reduced */
+  /** Static tree: bit d = tdr_dtype_t d is reduced. 32 bits since issue 14 (was uint8_t: an
+   * ABI change; rebuild callers). */
+  uint32_t static_dtype_mask;
+  uint32_t static_op_mask; /**< static tree: bit o = tdr_op_t o is reduced (was uint8_t) */
 } tdr_options_t;
 
 /** What a communicator counted (treeduce::host::Stats without the reason string). */
@@ -155,6 +186,13 @@ tdr_result_t tdr_barrier(tdr_comm_t* comm);
  * 0 when it would be reduced on the hosts, or `comm` is NULL.
  */
 int tdr_offloads(const tdr_comm_t* comm, tdr_dtype_t dtype, tdr_op_t op);
+
+/**
+ * The last fallback's reason ("" when collectives never left the network), the per-call one
+ * for a pair the tree cannot reduce ("allreduce of 1024 f64 sum on the host path: switch 'leaf0'
+ * (profile tofino) does not reduce f64 sum"). Valid until the calling thread's next call of it.
+ */
+const char* tdr_fallback_reason(const tdr_comm_t* comm);
 
 /** The path collectives take now; tdr_path_host when `comm` is NULL. */
 tdr_path_t tdr_path(const tdr_comm_t* comm);

@@ -31,8 +31,11 @@ struct JobRequest {
   std::vector<std::uint32_t> rank_host;  ///< rank -> host index; size = world size
   std::uint32_t slots = 16;              ///< window: outstanding chunks per rank
   std::uint32_t payload_bytes = 1024;    ///< wanted bytes per packet; lowered to fit the tree
-  std::uint8_t dtype_mask = 0;           ///< dtypes the job needs; 0 = whatever the tree can do
-  std::uint8_t op_mask = 0;              ///< ops the job needs; 0 = whatever the tree can do
+  /// The (type, operation) pairs the job needs reduced in the network: every defined pair of
+  /// dtype_mask x op_mask, a 0 mask standing for all types (operations). Both 0: nothing
+  /// needed, the tree reduces what its switches can and the hosts the rest.
+  std::uint32_t dtype_mask = 0;
+  std::uint32_t op_mask = 0;
   bool deterministic = false;
 };
 
@@ -66,8 +69,8 @@ struct Allocation {
   std::uint16_t tree_id = 0;
   std::uint32_t slots = 0;
   std::uint32_t payload_bytes = 0;
-  std::uint8_t dtype_mask = 0;
-  std::uint8_t op_mask = 0;
+  std::uint32_t dtype_mask = 0;  ///< what every switch of the tree offloads (intersection)
+  std::uint32_t op_mask = 0;
   bool deterministic = false;
   std::uint32_t depth = 0;       ///< root level
   std::vector<TreeNode> nodes;   ///< nodes[0] is the root; parents before children
@@ -90,10 +93,11 @@ class Allocator {
  public:
   explicit Allocator(const Topology& topo, AllocatorOptions opt = {});
 
-  /// Chooses and reserves a tree. Refusals: invalid_argument (bad request), already_exists (job
-  /// has a tree), failed_precondition (no switch reaches every leaf, or the switches cannot
-  /// serve the dtype/op/mode), resource_exhausted (every candidate lacks capacity; the sentence
-  /// names a switch and the resource that ran out).
+  /// Chooses and reserves a tree. Refusals: invalid_argument (bad request, or masks that ask
+  /// for no defined pair), already_exists (job has a tree), failed_precondition (no switch
+  /// reaches every leaf, a switch cannot reduce a pair the job needs, the sentence naming the
+  /// switch, its profile and the pair, or cannot run the mode), resource_exhausted (every candidate
+  /// lacks capacity; the sentence names a switch and the resource that ran out).
   Result<Allocation> allocate(const JobRequest& req);
   /// Frees a job's tree. not_found when it has none.
   Status release(const std::string& job);

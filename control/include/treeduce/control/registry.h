@@ -44,8 +44,8 @@ struct TreeInstall {
   std::vector<InstallChild> children;
   std::uint32_t slots = 0;
   std::uint32_t payload_bytes = 0;
-  std::uint8_t dtype_mask = 0;
-  std::uint8_t op_mask = 0;
+  std::uint32_t dtype_mask = 0;
+  std::uint32_t op_mask = 0;
   bool deterministic = false;
   bool operator==(const TreeInstall&) const = default;
 };
@@ -72,9 +72,19 @@ struct JoinArgs {
   std::uint16_t port = 0;
   std::uint32_t slots = 16;
   std::uint32_t payload_bytes = 1024;
-  std::uint8_t dtype_mask = 0;
-  std::uint8_t op_mask = 0;
+  std::uint32_t dtype_mask = 0;  ///< pairs needed in the network (JobRequest); 0, 0 = none
+  std::uint32_t op_mask = 0;
   bool deterministic = false;
+};
+
+/// What one switch of a job's tree offloads, so that a rank reducing a pair on the hosts can
+/// name the switch model that cannot (docs/manager.md, "What a tree offloads").
+struct SwitchCaps {
+  std::string name;     ///< the switch
+  std::string profile;  ///< its resource profile (the switch model)
+  std::uint32_t dtype_mask = 0;
+  std::uint32_t op_mask = 0;
+  bool operator==(const SwitchCaps&) const = default;
 };
 
 /// What a rank gets back.
@@ -86,11 +96,12 @@ struct RankAssignment {
   std::uint32_t slots = 0;
   std::uint32_t payload_bytes = 0;
   std::uint64_t key = 0;
-  std::uint8_t dtype_mask = 0;
-  std::uint8_t op_mask = 0;
+  std::uint32_t dtype_mask = 0;  ///< the tree offloads the defined pairs of dtype_mask x op_mask
+  std::uint32_t op_mask = 0;
   bool deterministic = false;
   std::uint32_t depth = 0;
   std::uint64_t lease_ms = 0;
+  std::vector<SwitchCaps> switches;  ///< the tree's switches, root first
 };
 
 enum class JobState : std::uint8_t { gathering = 1, running = 2, refused = 3, failed = 4 };

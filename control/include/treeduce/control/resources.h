@@ -6,6 +6,11 @@
 /// switch also keeps each child's payload, so c children cost 2·W·P·(c+1) bytes. ASIC profiles
 /// are bounded by tree entries and slots (their SRAM is carved into fixed-size slots), the server
 /// profile by memory.
+///
+/// What a switch can reduce is two masks over the codes of treeduce/aggregation/dtype.h: a pair
+/// (d, op) is offloadable when d is in dtype_mask, op is in op_mask and op_defined(d, op). The
+/// masks are a product, so the intersection of two profiles' pairs is the pairs of the
+/// intersected masks: the allocator narrows a tree's masks switch by switch.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +18,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+
+#include "treeduce/aggregation/dtype.h"
 
 namespace treeduce::ctl {
 
@@ -24,10 +31,33 @@ struct ResourceProfile {
   std::uint32_t max_payload_bytes = 0;  ///< bytes one slot holds (SHARP: user_data_per_ost)
   std::uint64_t memory_bytes = 0;       ///< slot memory budget; 0 = bounded by slots alone
   std::uint32_t max_children = 0;       ///< fan-in of one tree on this switch (<= 64)
-  std::uint8_t dtype_mask = 0;          ///< bit d: can reduce treeduce::DType d
-  std::uint8_t op_mask = 0;             ///< bit o: can apply treeduce::ReduceOp o
+  std::uint32_t dtype_mask = 0;         ///< bit d: can reduce treeduce::DType d
+  std::uint32_t op_mask = 0;            ///< bit o: can apply treeduce::ReduceOp o
   bool deterministic = false;           ///< can run the bit-reproducible mode
 };
+
+/// True when masks `dtype_mask` and `op_mask` let a switch reduce (d, op): both bits set and
+/// op_defined(d, op).
+constexpr bool offloads(std::uint32_t dtype_mask, std::uint32_t op_mask, DType d,
+                        ReduceOp op) noexcept {
+  return (dtype_mask >> static_cast<unsigned>(d) & 1u) != 0 &&
+         (op_mask >> static_cast<unsigned>(op) & 1u) != 0 && op_defined(d, op);
+}
+inline bool offloads(const ResourceProfile& p, DType d, ReduceOp op) noexcept {
+  return offloads(p.dtype_mask, p.op_mask, d, op);
+}
+/// The number of (type, operation) pairs the masks offload (0: nothing a job could use).
+std::uint32_t count_pairs(std::uint32_t dtype_mask, std::uint32_t op_mask) noexcept;
+/// The first defined pair the job's masks ask for (0 = every pair) that `p` does not offload,
+/// in code order (types, then operations), or nullopt when `p` offloads all of them.
+struct Pair {
+  DType dtype;
+  ReduceOp op;
+};
+std::optional<Pair> first_missing(const ResourceProfile& p, std::uint32_t want_dtypes,
+                                  std::uint32_t want_ops) noexcept;
+/// "f64 sum" (the type's and the operation's names).
+std::string pair_name(DType d, ReduceOp op);
 
 /// The built-in profiles: "quantum2", "tofino", "server".
 std::span<const ResourceProfile> builtin_profiles() noexcept;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "treeduce/aggregation/dtype.h"
 
@@ -37,7 +38,17 @@ enum class Path : int {
   host = 2,         ///< host-side reduction only
 };
 
+/// One switch of a job's tree and what its model offloads (manager.proto TreeSwitch): a call the
+/// tree cannot reduce names the switch and profile that limit it.
+struct TreeSwitch {
+  std::string name;     ///< the switch ("leaf0")
+  std::string profile;  ///< its resource profile, the switch model ("tofino")
+  std::uint32_t dtype_mask = 0;
+  std::uint32_t op_mask = 0;
+};
+
 /// What the manager tells a rank about its job's tree (control/api/manager.proto Assignment).
+/// The tree offloads a (dtype, op) pair when both bits are set and op_defined(dtype, op).
 struct TreeAssignment {
   std::string leaf_address;  ///< "a.b.c.d:port" of the rank's leaf switch
   std::uint16_t tree_id = 0;
@@ -45,10 +56,12 @@ struct TreeAssignment {
   std::uint16_t child_index = 0;
   std::uint32_t slots = 16;
   std::uint32_t payload_bytes = 1024;
-  std::uint8_t dtype_mask = 0x3F;  ///< bit = DType the tree can reduce
-  std::uint8_t op_mask = 0x07;     ///< bit = ReduceOp
+  std::uint32_t dtype_mask = kAllDTypesMask;  ///< bit = DType the tree can reduce
+  std::uint32_t op_mask = kAllOpsMask;        ///< bit = ReduceOp
   bool deterministic = false;
   std::uint64_t lease_ms = 0;  ///< heartbeat at least this often (0: no manager)
+  /// The tree's switches, root first, from the manager (empty for a static tree).
+  std::vector<TreeSwitch> switches;
 };
 
 /// Which transport carries the network path's packets (docs/host.md, "Transports"). dpdk and
@@ -124,7 +137,10 @@ struct Stats {
   std::uint64_t fallback_ops = 0;  ///< collectives reduced on the hosts
   std::uint64_t retransmits = 0;   ///< network path
   std::uint64_t bytes = 0;         ///< payload bytes reduced, both paths
-  std::string fallback_reason;     ///< the last fallback's reason ("" = never fell back)
+  /// The last fallback's reason ("" = never fell back). For a call the tree cannot reduce it
+  /// is that call's, naming the switch model ("allreduce of 1024 f64 sum on the host path:
+  /// switch 'leaf0' (profile tofino) does not reduce f64 sum").
+  std::string fallback_reason;
 };
 
 /// A pending non-blocking operation. test()/wait() on the communicator that made it.
@@ -139,13 +155,17 @@ class Communicator {
                                               std::string* error);
   virtual ~Communicator() = default;  ///< leaves the job; outstanding operations are cancelled
 
-  /// True when (dtype, op) would be reduced in the network (NCCL CollNet's reduceSupport).
+  /// True when (dtype, op) would be reduced in the network (NCCL CollNet's reduceSupport):
+  /// false for a pair op_defined() refuses, one the tree's switches cannot reduce, or any pair
+  /// when collectives run on the hosts.
   virtual bool offloads(DType dtype, ReduceOp op) const = 0;
   /// The path collectives take now, and why if it is not the network.
   virtual Path path() const = 0;
   virtual std::string path_reason() const = 0;
 
-  /// Blocking allreduce of `count` elements; `send` may equal `recv` (in place).
+  /// Blocking allreduce of `count` elements; `send` may equal `recv` (in place). A pair that
+  /// op_defined() refuses (f32 band, i32 minloc, ...) is invalid_argument, with op_refusal()'s
+  /// sentence in last_error(). docs/host.md has the types, operations and pair layouts.
   virtual Result allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                            ReduceOp op) = 0;
   /// Non-blocking: operations run in the order they were started. Buffers stay the caller's and
