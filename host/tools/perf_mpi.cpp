@@ -138,7 +138,7 @@ MPI_Datatype mpi_type(DType d) {
 bool native(DType d, ReduceOp op) {
   // Open MPI 4.1's AVX op component adds 8- and 16-bit integers with saturating instructions
   // (measured on Debian 12: i8 sums stuck at 127, u8 at 255, i16 at -32768): those sums take the
-  // kernels, which wrap.
+  // kernels, which wrap. Known upstream: open-mpi/ompi#8045, closed as "wontfix".
   if (is_integer(d)) return !(op == ReduceOp::sum && dtype_size(d) < 4);
   if (d == DType::i32_i32) return true;
   if (d == DType::f32 || d == DType::f64) return op == ReduceOp::sum || op == ReduceOp::prod;
