@@ -214,6 +214,8 @@ TD_AVX512 void store_acc(void* acc, std::size_t i, Vec<D> v, __mmask16 m) {
 
 TD_AVX512 __mmask16 tail_mask(std::size_t left) { return static_cast<__mmask16>((1u << left) - 1); }
 
+#include "pairs_avx512.inl"
+
 // The types and operations this path has vector code for; every other defined pair runs the
 // scalar reference.
 constexpr bool vector_type(DType d) noexcept {
@@ -294,7 +296,9 @@ struct Avx512ImplVec {
 struct Avx512Impl {
   template <DType D, ReduceOp O>
   TD_AVX512 static void load(void* acc, const void* payload, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs512::Impl::load<D, O>(acc, payload, n);
+    } else if constexpr (vector_op(D, O)) {
       Avx512ImplVec::load<D>(acc, payload, n);
     } else {
       scalar::load<D, O>(acc, payload, 0, n);
@@ -302,7 +306,9 @@ struct Avx512Impl {
   }
   template <DType D, ReduceOp O>
   TD_AVX512 static void accumulate(void* acc, const void* payload, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs512::Impl::accumulate<D, O>(acc, payload, n);
+    } else if constexpr (vector_op(D, O)) {
       Avx512ImplVec::accumulate<D, O>(acc, payload, n);
     } else {
       scalar::accumulate<D, O>(acc, payload, 0, n);
@@ -311,7 +317,9 @@ struct Avx512Impl {
   template <DType D, ReduceOp O>
   TD_AVX512 static void reduce(void* acc, const void* const* payloads, std::size_t k,
                                std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs512::Impl::reduce<D, O>(acc, payloads, k, n);
+    } else if constexpr (vector_op(D, O)) {
       Avx512ImplVec::reduce<D, O>(acc, payloads, k, n);
     } else {
       scalar::reduce<D, O>(acc, payloads, k, 0, n);
@@ -319,7 +327,9 @@ struct Avx512Impl {
   }
   template <DType D>
   TD_AVX512 static void emit(void* payload, const void* acc, std::size_t n) {
-    if constexpr (vector_type(D)) {
+    if constexpr (is_pair(D)) {
+      pairs512::Impl::emit<D>(payload, acc, n);
+    } else if constexpr (vector_type(D)) {
       Avx512ImplVec::emit<D>(payload, acc, n);
     } else {
       scalar::emit<D>(payload, acc, 0, n);
