@@ -172,6 +172,8 @@ TD_AVX2 void store_acc(void* acc, std::size_t i, Vec<D> v) {
   }
 }
 
+#include "pairs_avx2.inl"
+
 // The types and operations this path has vector code for; every other defined pair runs the
 // scalar reference.
 constexpr bool vector_type(DType d) noexcept {
@@ -219,7 +221,9 @@ struct Avx2ImplVec {
 struct Avx2Impl {
   template <DType D, ReduceOp O>
   TD_AVX2 static void load(void* acc, const void* payload, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs256::Impl::load<D, O>(acc, payload, n);
+    } else if constexpr (vector_op(D, O)) {
       Avx2ImplVec::load<D>(acc, payload, n);
     } else {
       scalar::load<D, O>(acc, payload, 0, n);
@@ -227,7 +231,9 @@ struct Avx2Impl {
   }
   template <DType D, ReduceOp O>
   TD_AVX2 static void accumulate(void* acc, const void* payload, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs256::Impl::accumulate<D, O>(acc, payload, n);
+    } else if constexpr (vector_op(D, O)) {
       Avx2ImplVec::accumulate<D, O>(acc, payload, n);
     } else {
       scalar::accumulate<D, O>(acc, payload, 0, n);
@@ -235,7 +241,9 @@ struct Avx2Impl {
   }
   template <DType D, ReduceOp O>
   TD_AVX2 static void reduce(void* acc, const void* const* payloads, std::size_t k, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs256::Impl::reduce<D, O>(acc, payloads, k, n);
+    } else if constexpr (vector_op(D, O)) {
       Avx2ImplVec::reduce<D, O>(acc, payloads, k, n);
     } else {
       scalar::reduce<D, O>(acc, payloads, k, 0, n);
@@ -243,7 +251,9 @@ struct Avx2Impl {
   }
   template <DType D>
   TD_AVX2 static void emit(void* payload, const void* acc, std::size_t n) {
-    if constexpr (vector_type(D)) {
+    if constexpr (is_pair(D)) {
+      pairs256::Impl::emit<D>(payload, acc, n);
+    } else if constexpr (vector_type(D)) {
       Avx2ImplVec::emit<D>(payload, acc, n);
     } else {
       scalar::emit<D>(payload, acc, 0, n);

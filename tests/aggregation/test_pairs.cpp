@@ -14,6 +14,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "treeduce/aggregation/convert.h"
@@ -307,14 +309,18 @@ Pair oracle(DType d, ReduceOp op, const std::vector<Pair>& set) {
   return best;
 }
 
+std::string describe(const Pair& p) {
+  std::ostringstream o;
+  o << "(0x" << std::hex << p.v << ", " << std::dec << p.i << ", pad " << p.pad << ")";
+  return o.str();
+}
+
 ::testing::AssertionResult same_pair(DType d, const Pair& want, const Pair& got) {
   if (want.v == got.v && want.i == got.i && want.pad == got.pad) {
     return ::testing::AssertionSuccess();
   }
   return ::testing::AssertionFailure()
-         << name(d) << ": want (0x" << std::hex << want.v << ", " << std::dec << want.i << ", pad "
-         << want.pad << "), got (0x" << std::hex << got.v << ", " << std::dec << got.i << ", pad "
-         << got.pad << ")";
+         << name(d) << ": want " << describe(want) << ", got " << describe(got);
 }
 
 /// sets[l] is lane l's set; every set has the same size. Payload j holds sets[l][order[j]] in
