@@ -8,6 +8,7 @@
 #endif
 #include <immintrin.h>
 
+#include "fp8_vbmi.h"
 #include "scalar_ops.h"
 #include "table.h"
 
@@ -293,12 +294,15 @@ struct Avx512ImplVec {
   }
 };
 
+#include "fp8_vbmi_avx512.inl"
+
 struct Avx512Impl {
   template <DType D, ReduceOp O>
   TD_AVX512 static void load(void* acc, const void* payload, std::size_t n) {
     if constexpr (is_pair(D)) {
       pairs512::Impl::load<D, O>(acc, payload, n);
     } else if constexpr (vector_op(D, O)) {
+      if (fp8vbmi::use<D, O>()) return fp8vbmi::load<D, O>(acc, payload, n);
       Avx512ImplVec::load<D>(acc, payload, n);
     } else {
       scalar::load<D, O>(acc, payload, 0, n);
@@ -309,6 +313,7 @@ struct Avx512Impl {
     if constexpr (is_pair(D)) {
       pairs512::Impl::accumulate<D, O>(acc, payload, n);
     } else if constexpr (vector_op(D, O)) {
+      if (fp8vbmi::use<D, O>()) return fp8vbmi::accumulate<D, O>(acc, payload, n);
       Avx512ImplVec::accumulate<D, O>(acc, payload, n);
     } else {
       scalar::accumulate<D, O>(acc, payload, 0, n);
@@ -320,6 +325,7 @@ struct Avx512Impl {
     if constexpr (is_pair(D)) {
       pairs512::Impl::reduce<D, O>(acc, payloads, k, n);
     } else if constexpr (vector_op(D, O)) {
+      if (fp8vbmi::use<D, O>()) return fp8vbmi::reduce<D, O>(acc, payloads, k, n);
       Avx512ImplVec::reduce<D, O>(acc, payloads, k, n);
     } else {
       scalar::reduce<D, O>(acc, payloads, k, 0, n);
