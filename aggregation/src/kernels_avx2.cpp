@@ -218,11 +218,15 @@ struct Avx2ImplVec {
   }
 };
 
+#include "fp8_avx2.inl"
+
 struct Avx2Impl {
   template <DType D, ReduceOp O>
   TD_AVX2 static void load(void* acc, const void* payload, std::size_t n) {
     if constexpr (is_pair(D)) {
       pairs256::Impl::load<D, O>(acc, payload, n);
+    } else if constexpr (fp8avx2::kCovers<D, O>) {
+      fp8avx2::load<D, O>(acc, payload, n);
     } else if constexpr (vector_op(D, O)) {
       Avx2ImplVec::load<D>(acc, payload, n);
     } else {
@@ -233,6 +237,8 @@ struct Avx2Impl {
   TD_AVX2 static void accumulate(void* acc, const void* payload, std::size_t n) {
     if constexpr (is_pair(D)) {
       pairs256::Impl::accumulate<D, O>(acc, payload, n);
+    } else if constexpr (fp8avx2::kCovers<D, O>) {
+      fp8avx2::accumulate<D, O>(acc, payload, n);
     } else if constexpr (vector_op(D, O)) {
       Avx2ImplVec::accumulate<D, O>(acc, payload, n);
     } else {
@@ -243,6 +249,8 @@ struct Avx2Impl {
   TD_AVX2 static void reduce(void* acc, const void* const* payloads, std::size_t k, std::size_t n) {
     if constexpr (is_pair(D)) {
       pairs256::Impl::reduce<D, O>(acc, payloads, k, n);
+    } else if constexpr (fp8avx2::kCovers<D, O>) {
+      fp8avx2::reduce<D, O>(acc, payloads, k, n);
     } else if constexpr (vector_op(D, O)) {
       Avx2ImplVec::reduce<D, O>(acc, payloads, k, n);
     } else {
