@@ -22,20 +22,11 @@
 
 namespace fp8vbmi {
 
-/// The operations whose loops are here: those with a binary32 combine() in kernels_avx512.inl.
+/// The operations whose loops are here (those with a binary32 combine() in kernels_avx512.inl);
+/// the wrappers call them when fp8_vbmi().
 template <DType D, ReduceOp O>
 constexpr bool kCovers = (D == DType::e4m3 || D == DType::e5m2) &&
                          (O == ReduceOp::sum || O == ReduceOp::min || O == ReduceOp::max);
-
-/// True when the wrappers should call the loops below for (D, O).
-template <DType D, ReduceOp O>
-inline bool use() noexcept {
-  if constexpr (kCovers<D, O>) {
-    return fp8_vbmi();
-  } else {
-    return false;
-  }
-}
 
 /// Bytes 2 and 3 of the binary32 widening of each magnitude 0..127 (bytes 0 and 1 are zero).
 struct Table {

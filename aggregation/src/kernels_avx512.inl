@@ -302,7 +302,9 @@ struct Avx512Impl {
     if constexpr (is_pair(D)) {
       pairs512::Impl::load<D, O>(acc, payload, n);
     } else if constexpr (vector_op(D, O)) {
-      if (fp8vbmi::use<D, O>()) return fp8vbmi::load<D, O>(acc, payload, n);
+      if constexpr (fp8vbmi::kCovers<D, O>) {
+        if (fp8_vbmi()) return fp8vbmi::load<D, O>(acc, payload, n);
+      }
       Avx512ImplVec::load<D>(acc, payload, n);
     } else {
       scalar::load<D, O>(acc, payload, 0, n);
@@ -313,7 +315,9 @@ struct Avx512Impl {
     if constexpr (is_pair(D)) {
       pairs512::Impl::accumulate<D, O>(acc, payload, n);
     } else if constexpr (vector_op(D, O)) {
-      if (fp8vbmi::use<D, O>()) return fp8vbmi::accumulate<D, O>(acc, payload, n);
+      if constexpr (fp8vbmi::kCovers<D, O>) {
+        if (fp8_vbmi()) return fp8vbmi::accumulate<D, O>(acc, payload, n);
+      }
       Avx512ImplVec::accumulate<D, O>(acc, payload, n);
     } else {
       scalar::accumulate<D, O>(acc, payload, 0, n);
@@ -325,7 +329,9 @@ struct Avx512Impl {
     if constexpr (is_pair(D)) {
       pairs512::Impl::reduce<D, O>(acc, payloads, k, n);
     } else if constexpr (vector_op(D, O)) {
-      if (fp8vbmi::use<D, O>()) return fp8vbmi::reduce<D, O>(acc, payloads, k, n);
+      if constexpr (fp8vbmi::kCovers<D, O>) {
+        if (fp8_vbmi()) return fp8vbmi::reduce<D, O>(acc, payloads, k, n);
+      }
       Avx512ImplVec::reduce<D, O>(acc, payloads, k, n);
     } else {
       scalar::reduce<D, O>(acc, payloads, k, 0, n);
