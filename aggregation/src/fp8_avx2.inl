@@ -73,6 +73,7 @@ TD_AVX2 void load(void* acc, const void* payload, std::size_t n) {
     widen32(bytes32(payload, i), w);
     for (int q = 0; q < 4; ++q) _mm256_storeu_ps(a + i + 8 * q, w[q]);
   }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(a + i, load_widen<D>(payload, i));
   scalar::load<D, O>(acc, payload, i, n);
 }
 
@@ -86,6 +87,9 @@ TD_AVX2 void accumulate(void* acc, const void* payload, std::size_t n) {
     for (int q = 0; q < 4; ++q) {
       _mm256_storeu_ps(a + i + 8 * q, combine<O>(_mm256_loadu_ps(a + i + 8 * q), w[q]));
     }
+  }
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(a + i, combine<O>(_mm256_loadu_ps(a + i), load_widen<D>(payload, i)));
   }
   scalar::accumulate<D, O>(acc, payload, i, n);
 }
@@ -103,6 +107,11 @@ TD_AVX2 void reduce(void* acc, const void* const* payloads, std::size_t k, std::
       for (int q = 0; q < 4; ++q) v[q] = combine<O>(v[q], w[q]);
     }
     for (int q = 0; q < 4; ++q) _mm256_storeu_ps(a + i + 8 * q, v[q]);
+  }
+  for (; i + 8 <= n; i += 8) {  // 8-element steps with e4m3_to_ps() before the scalar tail
+    __m256 v = load_widen<D>(payloads[0], i);
+    for (std::size_t j = 1; j < k; ++j) v = combine<O>(v, load_widen<D>(payloads[j], i));
+    _mm256_storeu_ps(a + i, v);
   }
   scalar::reduce<D, O>(acc, payloads, k, i, n);
 }
