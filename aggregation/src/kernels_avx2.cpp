@@ -335,6 +335,8 @@ TD_AVX2 void store_acc(void* acc, std::size_t i, Vec<D> v) {
   }
 }
 
+#include "pairs_avx2.inl"
+
 // The types and operations this path has vector code for; every other defined pair runs the
 // scalar reference.
 constexpr bool vector_type(DType d) noexcept { return !is_pair(d); }
@@ -381,10 +383,16 @@ struct Avx2ImplVec {
   }
 };
 
+#include "fp8_avx2.inl"
+
 struct Avx2Impl {
   template <DType D, ReduceOp O>
   TD_AVX2 static void load(void* acc, const void* payload, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs256::Impl::load<D, O>(acc, payload, n);
+    } else if constexpr (fp8avx2::kCovers<D, O>) {
+      fp8avx2::load<D, O>(acc, payload, n);
+    } else if constexpr (vector_op(D, O)) {
       Avx2ImplVec::load<D, O>(acc, payload, n);
     } else {
       scalar::load<D, O>(acc, payload, 0, n);
@@ -392,7 +400,11 @@ struct Avx2Impl {
   }
   template <DType D, ReduceOp O>
   TD_AVX2 static void accumulate(void* acc, const void* payload, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs256::Impl::accumulate<D, O>(acc, payload, n);
+    } else if constexpr (fp8avx2::kCovers<D, O>) {
+      fp8avx2::accumulate<D, O>(acc, payload, n);
+    } else if constexpr (vector_op(D, O)) {
       Avx2ImplVec::accumulate<D, O>(acc, payload, n);
     } else {
       scalar::accumulate<D, O>(acc, payload, 0, n);
@@ -400,7 +412,11 @@ struct Avx2Impl {
   }
   template <DType D, ReduceOp O>
   TD_AVX2 static void reduce(void* acc, const void* const* payloads, std::size_t k, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs256::Impl::reduce<D, O>(acc, payloads, k, n);
+    } else if constexpr (fp8avx2::kCovers<D, O>) {
+      fp8avx2::reduce<D, O>(acc, payloads, k, n);
+    } else if constexpr (vector_op(D, O)) {
       Avx2ImplVec::reduce<D, O>(acc, payloads, k, n);
     } else {
       scalar::reduce<D, O>(acc, payloads, k, 0, n);
@@ -408,7 +424,9 @@ struct Avx2Impl {
   }
   template <DType D>
   TD_AVX2 static void emit(void* payload, const void* acc, std::size_t n) {
-    if constexpr (vector_type(D)) {
+    if constexpr (is_pair(D)) {
+      pairs256::Impl::emit<D>(payload, acc, n);
+    } else if constexpr (vector_type(D)) {
       Avx2ImplVec::emit<D>(payload, acc, n);
     } else {
       scalar::emit<D>(payload, acc, 0, n);

@@ -8,6 +8,7 @@
 #endif
 #include <immintrin.h>
 
+#include "fp8_vbmi.h"
 #include "scalar_ops.h"
 #include "table.h"
 
@@ -369,6 +370,8 @@ TD_AVX512 void store_acc(void* acc, std::size_t i, Vec<D> v, Mask m) {
 
 TD_AVX512 Mask tail_mask(std::size_t left) { return (Mask{1} << left) - 1; }
 
+#include "pairs_avx512.inl"
+
 // The types and operations this path has vector code for; every other defined pair runs the
 // scalar reference.
 constexpr bool vector_type(DType d) noexcept { return !is_pair(d); }
@@ -454,10 +457,17 @@ struct Avx512ImplVec {
   }
 };
 
+#include "fp8_vbmi_avx512.inl"
+
 struct Avx512Impl {
   template <DType D, ReduceOp O>
   TD_AVX512 static void load(void* acc, const void* payload, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs512::Impl::load<D, O>(acc, payload, n);
+    } else if constexpr (vector_op(D, O)) {
+      if constexpr (fp8vbmi::kCovers<D, O>) {
+        if (fp8_vbmi()) return fp8vbmi::load<D, O>(acc, payload, n);
+      }
       Avx512ImplVec::load<D, O>(acc, payload, n);
     } else {
       scalar::load<D, O>(acc, payload, 0, n);
@@ -465,7 +475,12 @@ struct Avx512Impl {
   }
   template <DType D, ReduceOp O>
   TD_AVX512 static void accumulate(void* acc, const void* payload, std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs512::Impl::accumulate<D, O>(acc, payload, n);
+    } else if constexpr (vector_op(D, O)) {
+      if constexpr (fp8vbmi::kCovers<D, O>) {
+        if (fp8_vbmi()) return fp8vbmi::accumulate<D, O>(acc, payload, n);
+      }
       Avx512ImplVec::accumulate<D, O>(acc, payload, n);
     } else {
       scalar::accumulate<D, O>(acc, payload, 0, n);
@@ -474,7 +489,12 @@ struct Avx512Impl {
   template <DType D, ReduceOp O>
   TD_AVX512 static void reduce(void* acc, const void* const* payloads, std::size_t k,
                                std::size_t n) {
-    if constexpr (vector_op(D, O)) {
+    if constexpr (is_pair(D)) {
+      pairs512::Impl::reduce<D, O>(acc, payloads, k, n);
+    } else if constexpr (vector_op(D, O)) {
+      if constexpr (fp8vbmi::kCovers<D, O>) {
+        if (fp8_vbmi()) return fp8vbmi::reduce<D, O>(acc, payloads, k, n);
+      }
       Avx512ImplVec::reduce<D, O>(acc, payloads, k, n);
     } else {
       scalar::reduce<D, O>(acc, payloads, k, 0, n);
@@ -482,7 +502,9 @@ struct Avx512Impl {
   }
   template <DType D>
   TD_AVX512 static void emit(void* payload, const void* acc, std::size_t n) {
-    if constexpr (vector_type(D)) {
+    if constexpr (is_pair(D)) {
+      pairs512::Impl::emit<D>(payload, acc, n);
+    } else if constexpr (vector_type(D)) {
       Avx512ImplVec::emit<D>(payload, acc, n);
     } else {
       scalar::emit<D>(payload, acc, 0, n);

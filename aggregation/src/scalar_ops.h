@@ -226,10 +226,11 @@ inline I combine(I a, I b) {
 
 /// MINLOC/MAXLOC: the order of the values is min/max's (a NaN is below everything for MINLOC and
 /// above everything for MAXLOC, all NaNs equal, -0 below +0); equal values keep the lower index.
-/// A NaN value is kept as the canonical NaN. Commutative and associative.
+/// A NaN value is kept as the canonical NaN, and f64_i32's padding is zero whatever the operands'
+/// was. Commutative and associative.
 template <ReduceOp O, class P>
 requires requires(P p) { p.i; }
-inline P combine(P a, P b) {
+inline P pick(P a, P b) {
   static_assert(is_loc(O));
   using V = decltype(a.v);
   if constexpr (std::is_floating_point_v<V>) {
@@ -250,6 +251,13 @@ inline P combine(P a, P b) {
     const bool a_wins = O == ReduceOp::minloc ? a.v < b.v : a.v > b.v;
     return a_wins ? a : b;
   }
+}
+template <ReduceOp O, class P>
+requires requires(P p) { p.i; }
+inline P combine(P a, P b) {
+  P r = pick<O>(a, b);
+  if constexpr (requires { r.pad; }) r.pad = 0;
+  return r;
 }
 
 // Loops over [begin, n), used whole by the scalar path and for tails by the SIMD ones.
