@@ -4,7 +4,6 @@
 // header field and element value is compared with what was built. The golden captures of the
 // switch's pcap tests are decoded too and compared with parse_frame().
 #include <gtest/gtest.h>
-#include <pcap/pcap.h>
 #include <unistd.h>
 
 #include <array>
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/pcap_file.h"
 #include "treeduce/aggregation/convert.h"
 #include "treeduce/aggregation/dtype.h"
 #include "treeduce/protocol/reasons.h"
@@ -26,7 +26,7 @@
 namespace treeduce::proto {
 namespace {
 
-using Frame = std::vector<std::uint8_t>;
+using Frame = treeduce::testing::PcapFrame;
 
 std::string run(const std::string& cmd) {
   std::string out;
@@ -49,31 +49,12 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-void write_pcap(const std::string& path, const std::vector<Frame>& frames) {
-  pcap_t* dead = pcap_open_dead(DLT_EN10MB, 65535);
-  ASSERT_NE(dead, nullptr);
-  pcap_dumper_t* d = pcap_dump_open(dead, path.c_str());
-  ASSERT_NE(d, nullptr) << path << ": " << pcap_geterr(dead);
-  for (std::size_t i = 0; i < frames.size(); ++i) {
-    pcap_pkthdr h{};
-    h.ts.tv_usec = static_cast<suseconds_t>(i);
-    h.caplen = h.len = static_cast<bpf_u_int32>(frames[i].size());
-    pcap_dump(reinterpret_cast<u_char*>(d), &h, frames[i].data());
-  }
-  pcap_dump_close(d);
-  pcap_close(dead);
-}
+using treeduce::testing::write_pcap;
 
 std::vector<Frame> read_pcap(const std::string& path) {
   std::vector<Frame> out;
-  char err[PCAP_ERRBUF_SIZE] = {};
-  pcap_t* p = pcap_open_offline(path.c_str(), err);
-  EXPECT_NE(p, nullptr) << path << ": " << err;
-  if (p == nullptr) return out;
-  pcap_pkthdr* h = nullptr;
-  const u_char* data = nullptr;
-  while (pcap_next_ex(p, &h, &data) == 1) out.emplace_back(data, data + h->caplen);
-  pcap_close(p);
+  std::string error;
+  EXPECT_TRUE(treeduce::testing::read_pcap(path, &out, &error)) << error;
   return out;
 }
 

@@ -11,7 +11,6 @@
 // TREEDUCE_REGEN_GOLDEN=1 rewrites the golden files, only when checks 1 and 2 passed.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <pcap/pcap.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -34,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/pcap_file.h"
 #include "config.h"
 #include "stats.h"
 #include "treeduce/aggregation/convert.h"
@@ -57,7 +57,7 @@ namespace sd = treeduce::switchd;
 namespace fs = std::filesystem;
 using treeduce::DType;
 using treeduce::ReduceOp;
-using Frame = std::vector<std::uint8_t>;
+using Frame = treeduce::testing::PcapFrame;
 using Mac = std::array<std::uint8_t, 6>;
 
 // ---- the fabric every scenario uses (the YAML files in golden/ say the same; checked) ---------
@@ -417,49 +417,8 @@ struct Reference {
 
 // ---- pcap files --------------------------------------------------------------------------------
 
-void write_pcap(const std::string& path, const std::vector<Frame>& frames) {
-  pcap_t* dead = pcap_open_dead(DLT_EN10MB, 65535);
-  ASSERT_NE(dead, nullptr);
-  pcap_dumper_t* d = pcap_dump_open(dead, path.c_str());
-  ASSERT_NE(d, nullptr) << path << ": " << pcap_geterr(dead);
-  for (std::size_t i = 0; i < frames.size(); ++i) {
-    pcap_pkthdr h{};
-    h.ts.tv_sec = 0;
-    h.ts.tv_usec = static_cast<suseconds_t>(i);  // one microsecond apart: readable in tcpdump
-    h.caplen = h.len = static_cast<bpf_u_int32>(frames[i].size());
-    pcap_dump(reinterpret_cast<u_char*>(d), &h, frames[i].data());
-  }
-  pcap_dump_close(d);
-  pcap_close(dead);
-}
-
-/// The frames of a pcap file; false (and `*error`) when it cannot be read.
-bool read_pcap(const std::string& path, std::vector<Frame>* out, std::string* error) {
-  char err[PCAP_ERRBUF_SIZE] = {};
-  pcap_t* p = pcap_open_offline(path.c_str(), err);
-  if (p == nullptr) {
-    *error = path + ": " + err;
-    return false;
-  }
-  pcap_pkthdr* h = nullptr;
-  const u_char* data = nullptr;
-  int rc;
-  while ((rc = pcap_next_ex(p, &h, &data)) == 1) {
-    if (h->caplen != h->len) {
-      *error = path + ": frame " + std::to_string(out->size()) + " truncated by the capture";
-      pcap_close(p);
-      return false;
-    }
-    out->emplace_back(data, data + h->caplen);
-  }
-  if (rc != PCAP_ERROR_BREAK) {
-    *error = path + ": " + pcap_geterr(p);
-    pcap_close(p);
-    return false;
-  }
-  pcap_close(p);
-  return true;
-}
+using treeduce::testing::read_pcap;
+using treeduce::testing::write_pcap;
 
 std::string hex(const Frame& f) {
   std::ostringstream s;
