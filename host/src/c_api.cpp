@@ -270,6 +270,18 @@ tdr_result_t tdr_barrier(tdr_comm_t* comm) {
   return guarded(comm, [&] { return comm->impl->barrier(); });
 }
 
+tdr_result_t tdr_comm_rank(const tdr_comm_t* comm, uint32_t* rank) {
+  if (comm == nullptr || rank == nullptr) return tdr_invalid_argument;
+  *rank = comm->impl->rank();
+  return tdr_ok;
+}
+
+tdr_result_t tdr_comm_size(const tdr_comm_t* comm, uint32_t* size) {
+  if (comm == nullptr || size == nullptr) return tdr_invalid_argument;
+  *size = comm->impl->world_size();
+  return tdr_ok;
+}
+
 int tdr_offloads(const tdr_comm_t* comm, tdr_dtype_t dtype, tdr_op_t op) {
   if (comm == nullptr || !valid(dtype) || !valid(op)) return 0;
   try {

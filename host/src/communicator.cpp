@@ -453,6 +453,31 @@ class CommunicatorImpl final : public Communicator {
   std::unique_ptr<RequestQueue> queue_;  // last: stopped first
 };
 
+// "" when `a` is HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one, PORT 1..65535),
+// else why not. Without a port gRPC would dial 443, the HTTPS port, and fail much later.
+std::string manager_address_problem(const std::string& a) {
+  const auto colon = a.rfind(':');
+  const bool bracketed = !a.empty() && a.front() == '[';
+  if (colon == std::string::npos || colon == 0 || colon + 1 == a.size() ||
+      (bracketed && a[colon - 1] != ']')) {
+    return "The Aggregation Manager address '" + a +
+           "' has no port: give it as HOST:PORT (TREEDUCE_MANAGER=manager.example:9300).";
+  }
+  const std::string port = a.substr(colon + 1);
+  unsigned long p = 0;
+  for (char ch : port) {
+    if (ch < '0' || ch > '9' || p > 65535) {
+      p = 65536;
+      break;
+    }
+    p = p * 10 + static_cast<unsigned long>(ch - '0');
+  }
+  if (p == 0 || p > 65535)
+    return "The Aggregation Manager address '" + a + "' has the port '" + port +
+           "'; a port is a number from 1 to 65535.";
+  return {};
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> Communicator::create(const Options& opt, Result* result,
@@ -465,6 +490,9 @@ std::unique_ptr<Communicator> Communicator::create(const Options& opt, Result* r
   } else if (opt.path != Path::auto_select && opt.path != Path::network && opt.path != Path::host) {
     s = invalid_argument("The path " + std::to_string(static_cast<int>(opt.path)) +
                          " is not auto, network or host.");
+  } else if (std::string why = opt.manager.empty() ? "" : manager_address_problem(opt.manager);
+             !why.empty()) {
+    s = invalid_argument(why);
   } else {
     c = std::make_unique<CommunicatorImpl>(opt);
     s = c->init();

@@ -83,6 +83,13 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   CHECK(tdr_path(comm) == tdr_path_network);
   CHECK(strcmp(tdr_path_reason(comm), "") == 0);
   CHECK(tdr_offloads(comm, tdr_bf16, tdr_max) == 1);
+  {
+    uint32_t r = 99, n = 0;
+    CHECK(tdr_comm_rank(comm, &r) == tdr_ok && r == 0);
+    CHECK(tdr_comm_size(comm, &n) == tdr_ok && n == 1);
+    CHECK(tdr_comm_rank(NULL, &r) == tdr_invalid_argument);
+    CHECK(tdr_comm_size(comm, NULL) == tdr_invalid_argument);
+  }
   for (i = 0; i < 300; ++i) in[i] = (int32_t)(i * 7919) - 1000000;
   memset(out, 0, sizeof out);
   CHECK(tdr_allreduce(comm, in, out, 300, tdr_i32, tdr_sum) == tdr_ok);

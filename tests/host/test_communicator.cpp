@@ -448,6 +448,23 @@ TEST(Communicator, ZeroCountAndBadArguments) {
   EXPECT_NE(error, "");
 }
 
+// A manager address without a port is refused at creation, naming it (gRPC would dial 443).
+TEST(Communicator, ManagerAddressNeedsAPort) {
+  for (const std::string a :
+       {"manager", "10.0.0.1", "10.0.0.1:", ":9300", "[::1]", "m:0", "m:65536", "m:93x0"}) {
+    SCOPED_TRACE(a);
+    Options o;
+    o.job = "addr";
+    o.world_size = 1;
+    o.manager = a;
+    Result r = Result::ok;
+    std::string error;
+    EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
+    EXPECT_EQ(r, Result::invalid_argument);
+    EXPECT_NE(error.find("'" + a + "'"), std::string::npos) << error;
+  }
+}
+
 TEST(Communicator, RecoversFromLoss) {
   constexpr std::uint32_t kWorld = 3;
   FakeSwitch sw({.world = kWorld, .loss = 0.1});

@@ -182,6 +182,15 @@ tdr_result_t tdr_broadcast(tdr_comm_t* comm, void* buf, size_t count, tdr_dtype_
 tdr_result_t tdr_barrier(tdr_comm_t* comm);
 
 /**
+ * This process's rank and the job's number of ranks, as the communicator was made with them
+ * (from the options, or from TREEDUCE_RANK/RANK/OMPI_COMM_WORLD_RANK and their world-size
+ * counterparts for tdr_comm_create_from_env): a program under mpirun or torchrun asks here
+ * rather than reading the variables itself. tdr_invalid_argument when an argument is NULL.
+ */
+tdr_result_t tdr_comm_rank(const tdr_comm_t* comm, uint32_t* rank);
+tdr_result_t tdr_comm_size(const tdr_comm_t* comm, uint32_t* size);
+
+/**
  * Non-zero when (dtype, op) would be reduced in the network (NCCL CollNet's reduceSupport);
  * 0 when it would be reduced on the hosts, or `comm` is NULL.
  */
