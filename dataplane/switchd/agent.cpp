@@ -91,7 +91,8 @@ grpc::Status to_config(const pb::TreeInstall& p, dp::TreeConfig* c) {
 
 class Service final : public pb::SwitchAgent::Service {
  public:
-  Service(std::string name, TreeControl& trees) : name_(std::move(name)), trees_(trees) {}
+  Service(std::string name, TreeControl& trees, PortControl* ports)
+      : name_(std::move(name)), trees_(trees), ports_(ports) {}
 
   grpc::Status InstallTree(grpc::ServerContext*, const pb::TreeInstall* req,
                            pb::AgentReply*) override {
@@ -131,6 +132,33 @@ class Service final : public pb::SwitchAgent::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status SetPortFault(grpc::ServerContext*, const pb::PortFault* req,
+                            pb::AgentReply*) override {
+    if (grpc::Status s = check_switch(req->switch_name()); !s.ok()) return s;
+    if (ports_ == nullptr)
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              "Switch " + name_ +
+                  " takes no faults over the network; start it with faults: true (labs and tests "
+                  "only)."};
+    PortFault f;
+    f.rx_loss = req->rx_loss();
+    f.down = req->down();
+    f.delay_us = req->delay_us();
+    f.rate_mbps = req->rate_mbps();
+    // NaN fails both comparisons: refused too.
+    if (!(f.rx_loss >= 0 && f.rx_loss <= 1))
+      return invalid("rx_loss is " + std::to_string(f.rx_loss) + "; it must be from 0 to 1.");
+    if (f.delay_us > kMaxFaultDelayUs)
+      return invalid("delay_us is " + std::to_string(f.delay_us) + "; at most " +
+                     std::to_string(kMaxFaultDelayUs) + ".");
+    if (f.rate_mbps > kMaxFaultRateMbps)
+      return invalid("rate_mbps is " + std::to_string(f.rate_mbps) + "; at most " +
+                     std::to_string(kMaxFaultRateMbps) + ".");
+    const Status st = ports_->set_port_fault(req->port(), f);
+    if (!st.ok()) return {static_cast<grpc::StatusCode>(st.code()), st.message()};
+    return grpc::Status::OK;
+  }
+
   void log(const std::string& what) const {
     std::fprintf(stderr, "treeduce-switch %s: %s\n", name_.c_str(), what.c_str());
   }
@@ -166,6 +194,7 @@ class Service final : public pb::SwitchAgent::Service {
 
   std::string name_;
   TreeControl& trees_;
+  PortControl* ports_;
 };
 
 /// True for "host:port" with a port in 0..65535: gRPC itself silently wraps larger ports.
@@ -181,7 +210,8 @@ bool good_listen(const std::string& a) {
 }  // namespace
 
 struct Agent::Impl {
-  Impl(const AgentOptions& o, TreeControl& trees) : opt(o), service(o.switch_name, trees) {}
+  Impl(const AgentOptions& o, TreeControl& trees)
+      : opt(o), service(o.switch_name, trees, o.ports) {}
 
   /// Registers, then heartbeats; registers again whenever the manager no longer knows us.
   void run() {

@@ -1,8 +1,8 @@
 /// @file
 /// The switch's side of the Aggregation Manager's API (control/api/manager.proto): it registers
 /// with the manager's SwitchRegistry, heartbeats, and serves SwitchAgent (InstallTree,
-/// RemoveTree) by calling a TreeControl. The gRPC edge of the switch: status codes are made here
-/// and nowhere else.
+/// RemoveTree) by calling a TreeControl, and SetPortFault (labs) by calling a PortControl. The gRPC
+/// edge of the switch: status codes are made here and nowhere else.
 #pragma once
 
 #include <chrono>
@@ -32,6 +32,32 @@ class TreeControl {
   virtual Status install(const proto::TreeConfig& t, const std::string& job) = 0;
   /// Ok, or not_found when no tree has the id.
   virtual Status remove(std::uint16_t tree_id) = 0;
+};
+
+/// Faults injected on one port, for labs and tests (this kernel has no netem): what `treeduce lab
+/// fault` and a port's configuration set. All zero: a healthy port.
+struct PortFault {
+  double rx_loss = 0;  ///< drop this fraction (0..1) of the frames received, pseudo-randomly
+  bool down = false;   ///< drop every frame received on the port and every frame sent on it
+  /// Hold each received frame this long before the switch processes it (a long link).
+  std::uint32_t delay_us = 0;
+  /// Release received frames no faster than this many megabits per second (a slow link: frames
+  /// queue behind each other, up to a queue of kFaultQueueFrames, then drop). 0: line rate.
+  std::uint32_t rate_mbps = 0;
+  bool operator==(const PortFault&) const = default;
+};
+inline constexpr std::uint32_t kMaxFaultDelayUs = 1'000'000;
+/// Frames a delayed or slowed port holds per datapath lcore; more are dropped (fault_queue_full).
+inline constexpr std::uint32_t kFaultQueueFrames = 512;
+inline constexpr std::uint32_t kMaxFaultRateMbps = 1'000'000;
+
+/// Faults at run time; implemented by the daemon when its configuration allows it (`faults`).
+class PortControl {
+ public:
+  virtual ~PortControl() = default;
+  /// Replaces port `port`'s faults with `f` (PortConfig::name). Ok, or not_found (no such port,
+  /// the sentence lists them), invalid_argument (a value out of range).
+  virtual Status set_port_fault(const std::string& port, const PortFault& f) = 0;
 };
 
 /// Limits advertised to the manager at registration (manager.proto Resources).
@@ -69,6 +95,9 @@ struct AgentOptions {
   std::optional<AgentResources> resources;
   /// nullptr: the real clock. Must outlive the agent.
   AgentClock* clock = nullptr;
+  /// Serves SetPortFault through this (must outlive the agent); nullptr: SetPortFault is refused
+  /// with PERMISSION_DENIED (a production switch takes no faults from the network).
+  PortControl* ports = nullptr;
 };
 
 /// Serves SwitchAgent and keeps the switch registered: registration is retried (with backoff,

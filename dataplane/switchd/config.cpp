@@ -186,6 +186,7 @@ void each_setting(C& c, F&& f) {
   f("final_stats", "at shutdown, write the final counters to this file (Prometheus text)",
     c.final_stats);
   f("seed", "seed of the ports' rx_loss fault injection", c.seed);
+  f("faults", "accept SetPortFault from the agent's clients (true: labs and tests only)", c.faults);
 }
 
 // Where a file set each field or list item: its line, keyed by the field's address in the config
@@ -237,6 +238,10 @@ std::string check(const SwitchConfig& c, const Lines& lines) {
     if (p.mtu != 0 && (p.mtu < 68 || p.mtu > 65535))
       return err({&p.mtu, &p}, w + "mtu must be 0 (keep) or from 68 to 65535, got " +
                                    std::to_string(p.mtu) + ".");
+    if (p.delay_us > kMaxFaultDelayUs)
+      return err({&p.delay_us, &p}, w + must("delay_us", p.delay_us, 0, kMaxFaultDelayUs));
+    if (p.rate_mbps > kMaxFaultRateMbps)
+      return err({&p.rate_mbps, &p}, w + must("rate_mbps", p.rate_mbps, 0, kMaxFaultRateMbps));
   }
 
   std::set<std::uint32_t> neighbor_ips;
@@ -467,7 +472,7 @@ class Loader {
   void port(const YAML::Node& m, PortConfig& p) {
     get(need(m, "name", "a port"), "a port's name", p.name);
     const std::string who = "port '" + p.name + "'";
-    only_keys(m, who, {"name", "ip", "mac", "mtu", "rx_loss"});
+    only_keys(m, who, {"name", "ip", "mac", "mtu", "rx_loss", "delay_us", "rate_mbps"});
     if (const YAML::Node n = m["ip"]) {
       put(n, &p.prefix, convert_cidr(scalar(n, who + ": ip"), p, who + ": ip"));
       lines.emplace(&p.ip, line(n));
@@ -475,6 +480,8 @@ class Loader {
     opt(m, "mac", who, p.mac);
     opt(m, "mtu", who, p.mtu);
     opt(m, "rx_loss", who, p.rx_loss);
+    opt(m, "delay_us", who, p.delay_us);
+    opt(m, "rate_mbps", who, p.rate_mbps);
   }
 
   void neighbor(const YAML::Node& m, StaticNeighbor& nb) {
@@ -514,7 +521,7 @@ class Loader {
   }
 };
 
-// "--port NAME[,ip=A.B.C.D/P][,mac=M][,mtu=N][,rx_loss=F]".
+// "--port NAME[,ip=A.B.C.D/P][,mac=M][,mtu=N][,rx_loss=F][,delay_us=N][,rate_mbps=N]".
 std::string parse_port_flag(const std::string& s, PortConfig& p) {
   const std::vector<std::string> parts = split(s, ',');
   p.name = parts[0];
@@ -532,8 +539,13 @@ std::string parse_port_flag(const std::string& s, PortConfig& p) {
       e = convert(value, p.mtu, what);
     else if (key == "rx_loss")
       e = convert(value, p.rx_loss, what);
+    else if (key == "delay_us")
+      e = convert(value, p.delay_us, what);
+    else if (key == "rate_mbps")
+      e = convert(value, p.rate_mbps, what);
     else
-      e = "--port: " + quote(parts[i]) + " in " + quote(s) + " is not ip=, mac=, mtu= or rx_loss=.";
+      e = "--port: " + quote(parts[i]) + " in " + quote(s) +
+          " is not ip=, mac=, mtu=, rx_loss=, delay_us= or rate_mbps=.";
     if (!e.empty()) return e;
   }
   return {};
@@ -592,7 +604,9 @@ ConfigResult parse_args(int argc, const char* const* argv) {
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   };
   CLI::Option* ports = repeatable(
-      "--port", "NAME[,ip=A.B.C.D/P][,mac=M][,mtu=N][,rx_loss=F]; replaces the file's ports");
+      "--port",
+      "NAME[,ip=A.B.C.D/P][,mac=M][,mtu=N][,rx_loss=F][,delay_us=N][,rate_mbps=N]; replaces the "
+      "file's ports");
   CLI::Option* neighbors = repeatable("--neighbor", "IP,MAC,PORT: a static ARP entry; adds one");
   CLI::Option* lcores = app.add_option("--lcores", "datapath lcores, e.g. 0,1");
   std::vector<CLI::Option*> settings;

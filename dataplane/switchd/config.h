@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "agent.h"
 #include "treeduce/dataplane/core.h"
 
 namespace treeduce::switchd {
@@ -25,6 +26,10 @@ struct PortConfig {
   /// Fault injection for tests: drop this fraction (0..1) of received frames, pseudo-randomly
   /// from SwitchConfig::seed. Counted as injected_loss.
   double rx_loss = 0;
+  /// Fault injection for tests: hold received frames this long (at most kMaxFaultDelayUs), and
+  /// release them no faster than rate_mbps (0: line rate). Counted as fault_delayed.
+  std::uint32_t delay_us = 0;
+  std::uint32_t rate_mbps = 0;
 };
 
 /// A neighbour the switch does not need to resolve with ARP.
@@ -75,6 +80,9 @@ struct SwitchConfig {
   /// At shutdown, write the final counters here in the Prometheus text format (--final-stats).
   std::string final_stats;
   std::uint64_t seed = 1;  ///< for rx_loss
+  /// Serve the agent's SetPortFault (`treeduce lab fault`): the ports' faults change at run time.
+  /// Off by default: a production switch takes no faults from the network.
+  bool faults = false;
 };
 
 /// A parse result: the config, or one sentence saying what is wrong and where.

@@ -29,7 +29,7 @@ namespace treeduce::switchd {
 /// Set by SIGINT/SIGTERM (or run_ms / exit_idle_ms): every loop ends and the switch shuts down.
 extern std::atomic<bool> g_stop;
 
-class Switch final : public TreeControl {
+class Switch final : public TreeControl, public PortControl {
  public:
   /// Sets up ports, pools, rings, RCU and cores after rte_eal_init(), and installs the static
   /// trees; one sentence when a port is missing or cannot be configured as asked, the EAL has
@@ -46,6 +46,8 @@ class Switch final : public TreeControl {
 
   Status install(const proto::TreeConfig& t, const std::string& job) override;
   Status remove(std::uint16_t tree_id) override;
+  /// Serves the agent's SetPortFault when the configuration allows it (`faults`); logged.
+  Status set_port_fault(const std::string& port, const PortFault& f) override;
 
   Snapshot snapshot() const;
 

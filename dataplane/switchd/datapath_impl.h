@@ -86,8 +86,30 @@ struct Port {
   std::uint16_t id = 0;
   proto::Endpoint self;  ///< port MAC and IP (data port number unused)
   std::uint16_t rx_queues = 1;
-  std::uint64_t loss_threshold = 0;  ///< rx_loss scaled to 2^64: drop when a random draw is below
   bool chain = false;  ///< the PMD takes multi-segment mbufs: multicast shares one payload
+};
+
+/// A port's injected faults as the workers read them (relaxed atomics, one load each per burst):
+/// set from the port's configuration at start and by set_port_fault() at run time.
+struct alignas(64) FaultState {
+  std::atomic<std::uint64_t> loss_threshold{0};  ///< rx_loss scaled to 2^64: drop below a draw
+  std::atomic<bool> down{false};
+  std::atomic<std::uint64_t> delay_tsc{0};  ///< delay_us in TSC cycles
+  /// TSC cycles per byte at rate_mbps, times 2^16; 0: line rate.
+  std::atomic<std::uint64_t> tsc_per_byte_q16{0};
+  PortFault now;  ///< as last set, for snapshots; under Impl::mu
+};
+
+/// Frames a worker holds for a delayed or slowed port, due in order (the delay is the same for
+/// every frame and the rate serialises them).
+struct HeldQueue {
+  struct Held {
+    rte_mbuf* m;
+    std::uint64_t due;
+  };
+  std::unique_ptr<Held[]> q;  ///< kFaultQueueFrames entries
+  std::uint32_t head = 0, size = 0;
+  std::uint64_t free_at = 0;  ///< when the slowed link finishes the last frame queued (TSC)
 };
 
 struct alignas(64) Worker {
@@ -100,7 +122,8 @@ struct alignas(64) Worker {
   std::uint64_t tx_dropped[kMaxPorts] = {};  ///< counted by the TX buffers' error callback
   std::array<std::uint64_t, kNumSwitchdCounters> counters{};
   std::uint64_t polls = 0, busy_polls = 0, sleeps = 0, rx_total = 0;
-  std::uint64_t rng = 0;  ///< xorshift64 state for rx_loss
+  std::uint64_t rng = 0;      ///< xorshift64 state for rx_loss
+  HeldQueue held[kMaxPorts];  ///< frames held by a port's delay_us / rate_mbps
   /// Direct-mapped memory of recent resolve requests, so a burst to an unknown neighbour sends
   /// one message, not 32.
   struct Asked {
@@ -116,6 +139,7 @@ struct alignas(64) Worker {
 struct Switch::Impl {
   SwitchConfig cfg;
   std::vector<Port> ports;
+  std::array<FaultState, kMaxPorts> faults;         ///< by index in `ports`
   std::uint16_t port_index[RTE_MAX_ETHPORTS] = {};  ///< port id -> index in `ports`
   rte_mempool* pool = nullptr;      ///< whole frames (RX, unicast TX, multicast payloads)
   rte_mempool* hdr_pool = nullptr;  ///< multicast header mbufs
@@ -161,6 +185,12 @@ struct Switch::Impl {
   void worker_loop(Worker& w);
   std::uint64_t poll_ports(Worker& w, const NeighborTable* nt, bool* backlog);
   bool lose(Worker& w, std::uint64_t threshold);
+  /// Applies port pi's faults to received frames pkts[0..n): the frames to process now stay in
+  /// pkts (their number returned), the others are dropped or held.
+  std::uint16_t apply_faults(Worker& w, std::size_t pi, rte_mbuf** pkts, std::uint16_t n);
+  /// Held frames of port pi that are due, up to `max`, into out; their number.
+  std::uint16_t release_held(Worker& w, std::size_t pi, rte_mbuf** out, std::uint16_t max);
+  void set_fault(std::size_t pi, const PortFault& f);  // ports.cpp; caller holds mu
   void rx_frame(Worker& w, rte_mbuf* m, rte_mbuf** local, std::uint16_t* nlocal);
   void slow_path(Worker& w, rte_mbuf* m);
   void run_core(Worker& w, rte_mbuf** pkts, std::uint16_t n, const NeighborTable* nt);

@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
         ao.advertise = cfg.agent_advertise;
         ao.manager = cfg.manager;
         ao.heartbeat_ms = cfg.heartbeat_ms;
+        if (cfg.faults) ao.ports = sw.get();
         agent = Agent::start(ao, *sw, &error);
         if (!agent) rc = fail(error, 1);
       }

@@ -84,11 +84,13 @@ Status Switch::Impl::setup_port(const PortConfig& pc) {
   p.chain = up->multi_seg_tx;
   std::memcpy(p.self.mac, up->mac.data(), 6);
   p.self.ip = pc.ip;
-  p.loss_threshold =
-      pc.rx_loss >= 1 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(pc.rx_loss * 0x1p64);
   const auto idx = static_cast<std::uint16_t>(ports.size());
   port_index[p.id] = idx;
   ports.push_back(p);
+  {
+    std::lock_guard l(mu);
+    set_fault(idx, PortFault{pc.rx_loss, false, pc.delay_us, pc.rate_mbps});
+  }
   if (Status st = attach_port(idx, dpdk::port_socket(p.id)); !st.ok()) return st;
   log("port %s (id %u): %s/%u, MAC %s, %u RX queue(s), %s", pc.name.c_str(), p.id,
       format_ipv4(pc.ip).c_str(), pc.prefix, format_mac(p.self.mac).c_str(), p.rx_queues,
@@ -108,8 +110,44 @@ Status Switch::Impl::attach_port(std::uint16_t idx, int socket) {
     rte_eth_tx_buffer_init(w->txbuf[idx], cfg.burst);
     rte_eth_tx_buffer_set_err_callback(w->txbuf[idx], rte_eth_tx_buffer_count_callback,
                                        &w->tx_dropped[idx]);
+    w->held[idx].q = std::make_unique<HeldQueue::Held[]>(kFaultQueueFrames);
   }
   return Status::Ok();
+}
+
+/// Publishes port pi's faults to the workers (relaxed: a worker sees them from a later burst).
+void Switch::Impl::set_fault(std::size_t pi, const PortFault& f) {
+  FaultState& fs = faults[pi];
+  fs.loss_threshold.store(
+      f.rx_loss >= 1 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(f.rx_loss * 0x1p64),
+      std::memory_order_relaxed);
+  fs.down.store(f.down, std::memory_order_relaxed);
+  fs.delay_tsc.store(tsc_hz * f.delay_us / 1'000'000, std::memory_order_relaxed);
+  // 8 bits per byte at rate_mbps * 10^6 bits per second, in 2^-16 cycles.
+  fs.tsc_per_byte_q16.store(
+      f.rate_mbps == 0 ? 0 : (tsc_hz << 16) * 8 / (std::uint64_t{f.rate_mbps} * 1'000'000),
+      std::memory_order_relaxed);
+  fs.now = f;
+}
+
+Status Switch::set_port_fault(const std::string& port, const PortFault& f) {
+  Impl& s = *impl_;
+  std::string known;
+  for (std::size_t i = 0; i < s.ports.size(); ++i) {
+    if (s.ports[i].cfg.name != port) {
+      known += (known.empty() ? "" : ", ") + s.ports[i].cfg.name;
+      continue;
+    }
+    std::lock_guard l(s.mu);
+    if (s.faults[i].now == f) return Status::Ok();
+    s.set_fault(i, f);
+    log("port %s: faults now rx_loss %g, %s, delay %u us, rate %s", port.c_str(), f.rx_loss,
+        f.down ? "down" : "up", f.delay_us,
+        f.rate_mbps == 0 ? "line" : (std::to_string(f.rate_mbps) + " Mb/s").c_str());
+    return Status::Ok();
+  }
+  return not_found("Switch " + s.cfg.name + " has no port '" + port + "' (its ports: " + known +
+                   ").");
 }
 
 void Switch::Impl::stop_ports() {
@@ -125,6 +163,7 @@ std::vector<PortStats> Switch::Impl::port_stats() const {
     PortStats ps;
     ps.name = p.cfg.name;
     ps.port_id = p.id;
+    ps.fault = faults[port_index[p.id]].now;  // the caller holds mu
     rte_eth_stats st;
     if (rte_eth_stats_get(p.id, &st) == 0) {
       ps.rx_packets = st.ipackets;

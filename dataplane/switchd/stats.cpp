@@ -211,6 +211,20 @@ std::string render_prometheus(const Snapshot& s) {
     x.family(f.metric, "counter", f.help);
     for (const PortStats& p : s.ports) x.sample({{"port", p.name}}, p.*f.value);
   }
+  // Injected faults (docs/switch-config.md, `treeduce lab fault`): all zero on a healthy port.
+  x.family("treeduce_port_fault_rx_loss", "gauge",
+           "Fraction of the frames received on the port dropped on purpose.");
+  for (const PortStats& p : s.ports) x.sample({{"port", p.name}}, p.fault.rx_loss);
+  x.family("treeduce_port_fault_down", "gauge",
+           "1 when the port is set down: every frame in or out dropped.");
+  for (const PortStats& p : s.ports)
+    x.sample({{"port", p.name}}, std::uint64_t{p.fault.down ? 1u : 0u});
+  x.family("treeduce_port_fault_delay_us", "gauge",
+           "Microseconds each received frame is held before the switch processes it.");
+  for (const PortStats& p : s.ports) x.sample({{"port", p.name}}, std::uint64_t{p.fault.delay_us});
+  x.family("treeduce_port_fault_rate_mbps", "gauge",
+           "Rate received frames are released at, in Mb/s; 0: line rate.");
+  for (const PortStats& p : s.ports) x.sample({{"port", p.name}}, std::uint64_t{p.fault.rate_mbps});
 
   x.family("treeduce_tree_drops_total", "counter",
            "Frames the switch core dropped for one tree, by reason (as "
@@ -319,6 +333,13 @@ std::string render_summary(const Snapshot& s) {
     }
     for (const PortField& f : kPortFields) {
       if (!f.summary.empty()) line.add(f.summary, p.*f.value);
+    }
+    if (p.fault != PortFault{}) {
+      char f[160];
+      std::snprintf(f, sizeof f, "faults:%s rx_loss=%g delay_us=%u rate_mbps=%u",
+                    p.fault.down ? " down" : "", p.fault.rx_loss, p.fault.delay_us,
+                    p.fault.rate_mbps);
+      line.add(f);
     }
     line.write_to(out);
   }

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent.h"
 #include "treeduce/dataplane/counters.h"
 
 namespace treeduce::switchd {
@@ -33,7 +34,10 @@ namespace treeduce::switchd {
   _(tx_no_mbuf,         "frames dropped because no mbuf was free")                          \
   _(tx_queue_full,      "frames the port would not take (dropped)")                         \
   _(ctl_ring_full,      "learn/resolve messages to the control thread lost (ring full)")    \
-  _(injected_loss,      "received frames dropped on purpose (rx_loss fault injection)")
+  _(injected_loss,      "received frames dropped on purpose (rx_loss fault injection)")    \
+  _(injected_down,      "frames dropped on a port set down (fault injection)")             \
+  _(fault_delayed,      "received frames held by a port's delay_us or rate_mbps fault")     \
+  _(fault_queue_full,   "received frames dropped because a delayed port's queue was full")
 // clang-format on
 
 enum class SwitchdCounter : std::uint8_t {
@@ -54,6 +58,7 @@ struct PortStats {
   std::uint16_t port_id = 0;
   std::uint64_t rx_packets = 0, rx_bytes = 0, tx_packets = 0, tx_bytes = 0;
   std::uint64_t rx_missed = 0, rx_errors = 0, tx_errors = 0;  ///< from rte_eth_stats
+  PortFault fault;  ///< injected faults now (all zero: healthy)
 };
 
 struct TreeStats {

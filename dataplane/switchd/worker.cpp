@@ -82,35 +82,105 @@ void Switch::Impl::worker_loop(Worker& w) {
 }
 
 /// One RX burst from the worker's queue of every port, each burst sorted (rx_frame) and its
-/// frames for this worker run through the core. Returns the frames received; `*backlog` is set
-/// when a queue gave a full burst.
+/// frames for this worker run through the core, after the port's injected faults (drop, hold,
+/// release what is due). Returns the frames received or released; `*backlog` is set when a queue
+/// gave a full burst.
 std::uint64_t Switch::Impl::poll_ports(Worker& w, const NeighborTable* nt, bool* backlog) {
   const std::uint16_t burst = static_cast<std::uint16_t>(cfg.burst);
-  rte_mbuf* pkts[kMaxBurst];
+  rte_mbuf* pkts[kMaxBurst * 2];
   rte_mbuf* local[kMaxBurst * 2];
   std::uint64_t got = 0;
   for (std::size_t pi = 0; pi < ports.size(); ++pi) {
     if (w.rxq[pi] == kNoQueue) continue;
-    const std::uint16_t n = rte_eth_rx_burst(ports[pi].id, w.rxq[pi], pkts, burst);
-    if (n == 0) continue;
-    got += n;
+    std::uint16_t n = rte_eth_rx_burst(ports[pi].id, w.rxq[pi], pkts, burst);
     *backlog |= n == burst;
+    const FaultState& fs = faults[pi];
+    if (n != 0 && (fs.loss_threshold.load(std::memory_order_relaxed) != 0 ||
+                   fs.down.load(std::memory_order_relaxed) ||
+                   fs.delay_tsc.load(std::memory_order_relaxed) != 0 ||
+                   fs.tsc_per_byte_q16.load(std::memory_order_relaxed) != 0)) [[unlikely]] {
+      got += n;  // received: not idle, even when every frame is dropped or held
+      n = apply_faults(w, pi, pkts, n);
+    } else {
+      got += n;
+    }
+    if (w.held[pi].size != 0) [[unlikely]] {
+      const std::uint16_t r = release_held(w, pi, pkts + n, kMaxBurst);
+      n = static_cast<std::uint16_t>(n + r);
+      got += r;
+    }
+    if (n == 0) continue;
     std::uint16_t nlocal = 0;
-    const std::uint64_t loss = ports[pi].loss_threshold;
     for (std::uint16_t i = 0; i < n; ++i) {
       if (i + 1 < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + 1], void*));
-      if (loss != 0) [[unlikely]] {
-        if (lose(w, loss)) {
-          w.count(SwitchdCounter::injected_loss);
-          rte_pktmbuf_free(pkts[i]);
-          continue;
-        }
-      }
       rx_frame(w, pkts[i], local, &nlocal);
     }
     if (nlocal != 0) run_core(w, local, nlocal, nt);
   }
   return got;
+}
+
+/// Faults in the order a link would apply them: down, then loss, then the slow or long link.
+std::uint16_t Switch::Impl::apply_faults(Worker& w, std::size_t pi, rte_mbuf** pkts,
+                                         std::uint16_t n) {
+  const FaultState& fs = faults[pi];
+  if (fs.down.load(std::memory_order_relaxed)) {
+    for (std::uint16_t i = 0; i < n; ++i) {
+      w.count(SwitchdCounter::injected_down);
+      rte_pktmbuf_free(pkts[i]);
+    }
+    return 0;
+  }
+  const std::uint64_t loss = fs.loss_threshold.load(std::memory_order_relaxed);
+  const std::uint64_t delay = fs.delay_tsc.load(std::memory_order_relaxed);
+  const std::uint64_t per_byte = fs.tsc_per_byte_q16.load(std::memory_order_relaxed);
+  HeldQueue& h = w.held[pi];
+  const std::uint64_t now = rte_rdtsc();
+  std::uint16_t keep = 0;
+  for (std::uint16_t i = 0; i < n; ++i) {
+    rte_mbuf* m = pkts[i];
+    if (loss != 0 && lose(w, loss)) {
+      w.count(SwitchdCounter::injected_loss);
+      rte_pktmbuf_free(m);
+      continue;
+    }
+    // Frames held before the fault was lifted go first: order on the link is kept.
+    if (delay == 0 && per_byte == 0 && h.size == 0) {
+      pkts[keep++] = m;
+      continue;
+    }
+    if (h.size == kFaultQueueFrames) {
+      w.count(SwitchdCounter::fault_queue_full);
+      rte_pktmbuf_free(m);
+      continue;
+    }
+    // A slowed link sends one frame after the other: this one starts when the link is free.
+    std::uint64_t done = now;
+    if (per_byte != 0) {
+      done = std::max(now, h.free_at) + ((per_byte * m->pkt_len) >> 16);
+      h.free_at = done;
+    }
+    // The delay may have shrunk since the last frame: never overtake it.
+    std::uint64_t due = done + delay;
+    if (h.size != 0) due = std::max(due, h.q[(h.head + h.size - 1) % kFaultQueueFrames].due);
+    h.q[(h.head + h.size) % kFaultQueueFrames] = {m, due};
+    ++h.size;
+    w.count(SwitchdCounter::fault_delayed);
+  }
+  return keep;
+}
+
+std::uint16_t Switch::Impl::release_held(Worker& w, std::size_t pi, rte_mbuf** out,
+                                         std::uint16_t max) {
+  HeldQueue& h = w.held[pi];
+  const std::uint64_t now = rte_rdtsc();
+  std::uint16_t n = 0;
+  while (h.size != 0 && n < max && h.q[h.head].due <= now) {
+    out[n++] = h.q[h.head].m;
+    h.head = (h.head + 1) % kFaultQueueFrames;
+    --h.size;
+  }
+  return n;
 }
 
 /// rx_loss: a xorshift64 draw below the port's threshold loses the frame.
@@ -126,9 +196,7 @@ void Switch::Impl::send_injected(Worker& w) {
   rte_mbuf* inj[16];
   const unsigned ni =
       rte_ring_sc_dequeue_burst(inject_ring, reinterpret_cast<void**>(inj), 16, nullptr);
-  for (unsigned i = 0; i < ni; ++i) {
-    rte_eth_tx_buffer(inj[i]->port, 0, w.txbuf[port_index[inj[i]->port]], inj[i]);
-  }
+  for (unsigned i = 0; i < ni; ++i) send(w, inj[i]);
 }
 
 void Switch::Impl::flush(Worker& w) {
@@ -154,6 +222,10 @@ void Switch::Impl::drain_rings() {
   while (rte_ring_sc_dequeue(inject_ring, reinterpret_cast<void**>(&m)) == 0) rte_pktmbuf_free(m);
   for (auto& w : workers) {
     while (rte_ring_sc_dequeue(w->steer, reinterpret_cast<void**>(&m)) == 0) rte_pktmbuf_free(m);
+    for (HeldQueue& h : w->held) {
+      for (; h.size != 0; --h.size, h.head = (h.head + 1) % kFaultQueueFrames)
+        rte_pktmbuf_free(h.q[h.head].m);
+    }
   }
 }
 
@@ -312,6 +384,11 @@ rte_mbuf* Switch::Impl::route(Worker& w, rte_mbuf* m, const NeighborTable* nt) {
 void Switch::Impl::send(Worker& w, rte_mbuf* m) {
   if (m == nullptr) return;
   const std::uint16_t idx = port_index[m->port];
+  if (faults[idx].down.load(std::memory_order_relaxed)) [[unlikely]] {
+    w.count(SwitchdCounter::injected_down);
+    rte_pktmbuf_free(m);
+    return;
+  }
   rte_eth_tx_buffer(m->port, static_cast<std::uint16_t>(w.index), w.txbuf[idx], m);
 }
 

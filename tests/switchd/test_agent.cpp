@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <mutex>
 #include <thread>
 
@@ -589,4 +590,121 @@ TEST_F(WithManager, StopsPromptlyWhileTheManagerHangs) {
   EXPECT_EQ(clock.waits(), 0u);  // it never got past that first RPC
   close(conn);
   close(fd);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SetPortFault: refused unless the switch lets the agent inject faults; values checked here.
+
+namespace {
+
+class FakePorts final : public treeduce::switchd::PortControl {
+ public:
+  treeduce::Status set_port_fault(const std::string& port,
+                                  const treeduce::switchd::PortFault& f) override {
+    std::lock_guard l(mu_);
+    if (port != "net_memif0")
+      return treeduce::not_found("Switch leaf0 has no port '" + port +
+                                 "' (its ports: net_memif0).");
+    last_ = f;
+    ++calls_;
+    return {};
+  }
+  std::pair<int, treeduce::switchd::PortFault> last() {
+    std::lock_guard l(mu_);
+    return {calls_, last_};
+  }
+
+ private:
+  std::mutex mu_;
+  int calls_ = 0;
+  treeduce::switchd::PortFault last_;
+};
+
+grpc::Status set_fault(pb::SwitchAgent::Stub& stub, const pb::PortFault& f) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  pb::AgentReply rep;
+  return stub.SetPortFault(&ctx, f, &rep);
+}
+
+pb::PortFault fault(const std::string& port) {
+  pb::PortFault f;
+  f.set_switch_name("leaf0");
+  f.set_port(port);
+  f.set_rx_loss(0.25);
+  f.set_down(true);
+  f.set_delay_us(1000000);
+  f.set_rate_mbps(100);
+  return f;
+}
+
+}  // namespace
+
+TEST_F(Direct, SetPortFaultIsRefusedUnlessTheSwitchAllowsIt) {
+  const grpc::Status s = set_fault(*stub, fault("net_memif0"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Switch leaf0 takes no faults over the network; start it with faults: true (labs "
+            "and tests only).");
+}
+
+TEST(SetPortFault, ReachesThePortControlOrSaysWhyNot) {
+  FakeTrees trees;
+  FakePorts ports;
+  AgentOptions o;
+  o.switch_name = "leaf0";
+  o.ports = &ports;
+  std::string err;
+  auto agent = Agent::start(o, trees, &err);
+  ASSERT_TRUE(agent) << err;
+  auto stub = pb::SwitchAgent::NewStub(
+      grpc::CreateChannel(local(agent->port()), grpc::InsecureChannelCredentials()));
+
+  ASSERT_TRUE(set_fault(*stub, fault("net_memif0")).ok());
+  auto [calls, f] = ports.last();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(f, (treeduce::switchd::PortFault{0.25, true, 1000000, 100}));
+
+  grpc::Status s = set_fault(*stub, fault("net_tap9"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), "Switch leaf0 has no port 'net_tap9' (its ports: net_memif0).");
+
+  pb::PortFault bad = fault("net_memif0");
+  bad.set_switch_name("leaf1");
+  s = set_fault(*stub, bad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "This agent serves switch 'leaf0', not 'leaf1'.");
+
+  const std::pair<pb::PortFault, std::string> out_of_range[] = {
+      {[] {
+         auto b = fault("net_memif0");
+         b.set_rx_loss(1.5);
+         return b;
+       }(),
+       "rx_loss is 1.500000; it must be from 0 to 1."},
+      {[] {
+         auto b = fault("net_memif0");
+         b.set_rx_loss(std::nan(""));
+         return b;
+       }(),
+       "rx_loss is nan; it must be from 0 to 1."},
+      {[] {
+         auto b = fault("net_memif0");
+         b.set_delay_us(1000001);
+         return b;
+       }(),
+       "delay_us is 1000001; at most 1000000."},
+      {[] {
+         auto b = fault("net_memif0");
+         b.set_rate_mbps(1000001);
+         return b;
+       }(),
+       "rate_mbps is 1000001; at most 1000000."},
+  };
+  for (const auto& [msg, why] : out_of_range) {
+    s = set_fault(*stub, msg);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << why;
+    EXPECT_EQ(s.error_message(), why);
+  }
+  EXPECT_EQ(ports.last().first, 1);  // none of the refused ones reached the switch
 }

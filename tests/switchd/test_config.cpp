@@ -174,6 +174,9 @@ TEST(SwitchConfig, DefaultsAndSpellings) {
   EXPECT_EQ(c.manager, "");
   EXPECT_EQ(c.burst, 32u);
   EXPECT_TRUE(c.lcores.empty());
+  EXPECT_FALSE(c.faults);
+  EXPECT_EQ(c.ports[0].delay_us, 0u);
+  EXPECT_EQ(c.ports[0].rate_mbps, 0u);
   const dp::TreeConfig& t = c.trees.at(0).tree;
   EXPECT_EQ(t.tree_id, 2);
   EXPECT_EQ(t.key, ~std::uint64_t{0});
@@ -185,6 +188,24 @@ TEST(SwitchConfig, DefaultsAndSpellings) {
   EXPECT_EQ(t.payload_bytes, 1024u);
   EXPECT_EQ(t.children.at(0).hosts, 65534);
   EXPECT_EQ(t.children.at(1).hosts, 1);
+}
+
+TEST(SwitchConfig, PortFaults) {
+  const SwitchConfig c = load(
+      "data: 10.0.0.1\n"
+      "faults: true\n"
+      "ports: [{name: p0, rx_loss: 0.5, delay_us: 1000000, rate_mbps: 100}, {name: p1}]\n");
+  EXPECT_TRUE(c.faults);
+  EXPECT_EQ(c.ports[0].rx_loss, 0.5);
+  EXPECT_EQ(c.ports[0].delay_us, 1000000u);
+  EXPECT_EQ(c.ports[0].rate_mbps, 100u);
+  EXPECT_EQ(c.ports[1].delay_us, 0u);
+  EXPECT_EQ(error_of("data: 10.0.0.1\nports: [{name: p0, delay_us: 1000001}]\n"),
+            "t.yaml: line 2: port 'p0': delay_us must be from 0 to 1000000, got 1000001.");
+  EXPECT_EQ(error_of("data: 10.0.0.1\nports:\n  - {name: p0,\n     rate_mbps: 1000001}\n"),
+            "t.yaml: line 4: port 'p0': rate_mbps must be from 0 to 1000000, got 1000001.");
+  EXPECT_EQ(error_of("data: 10.0.0.1\nfaults: yes\nports: [{name: p0}]\n"),
+            "t.yaml: line 2: faults: \"yes\" is not true or false.");
 }
 
 TEST(SwitchConfig, SwitchErrorsNameTheLine) {
@@ -454,9 +475,10 @@ TEST_F(ConfigArgs, FlagsOverrideTheFile) {
 }
 
 TEST_F(ConfigArgs, PortsReplaceTheFile) {
-  ConfigResult r = args({"--config", doc_.c_str(), "--port",
-                         "net_memif0,ip=10.9.0.1/16,mac=02:AA:bb:cc:dd:ee,mtu=1500", "--port",
-                         "net_null0", "--lcores", ""});
+  ConfigResult r =
+      args({"--config", doc_.c_str(), "--port",
+            "net_memif0,ip=10.9.0.1/16,mac=02:AA:bb:cc:dd:ee,mtu=1500,delay_us=20,rate_mbps=50",
+            "--port", "net_null0", "--lcores", "", "--faults", "true"});
   ASSERT_TRUE(r.config.has_value()) << r.error;
   const SwitchConfig& c = *r.config;
   ASSERT_EQ(c.ports.size(), 2u);
@@ -465,6 +487,9 @@ TEST_F(ConfigArgs, PortsReplaceTheFile) {
   EXPECT_EQ(c.ports[0].prefix, 16);
   EXPECT_EQ(c.ports[0].mac, (Mac{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee}));
   EXPECT_EQ(c.ports[0].mtu, 1500u);
+  EXPECT_EQ(c.ports[0].delay_us, 20u);
+  EXPECT_EQ(c.ports[0].rate_mbps, 50u);
+  EXPECT_TRUE(c.faults);
   EXPECT_EQ(c.ports[1].name, "net_null0");
   EXPECT_EQ(c.ports[1].ip, 0u);
   EXPECT_FALSE(c.ports[1].mac.has_value());
@@ -502,8 +527,10 @@ TEST_F(ConfigArgs, BadArgumentsAreOneSentence) {
   EXPECT_EQ(refused({"--config", doc, "--deterministic-allowed", "no"}),
             "--deterministic-allowed: \"no\" is not true or false.");
   EXPECT_EQ(refused({"--config", doc, "--lcores", "1,x"}), "--lcores: \"x\" is not a number.");
-  EXPECT_EQ(refused({"--config", doc, "--port", "p0,speed=10"}),
-            "--port: \"speed=10\" in \"p0,speed=10\" is not ip=, mac=, mtu= or rx_loss=.");
+  EXPECT_EQ(
+      refused({"--config", doc, "--port", "p0,speed=10"}),
+      "--port: \"speed=10\" in \"p0,speed=10\" is not ip=, mac=, mtu=, rx_loss=, delay_us= or "
+      "rate_mbps=.");
   EXPECT_EQ(refused({"--config", doc, "--port", "p0,ip=1.2.3"}),
             "--port p0: ip: \"1.2.3\" is not an IPv4 address with a prefix length (A.B.C.D/P).");
   EXPECT_EQ(refused({"--config", doc, "--port", "p0,mac=02:00:00:00:00:0g"}),

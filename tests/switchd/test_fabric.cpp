@@ -386,6 +386,77 @@ TEST(Fabric, EveryDtypeAndOpExact) {
   }
 }
 
+/// SetPortFault on switch `sw` (its agent port from its "ready" line).
+grpc::Status set_fault(const Proc& sw, const std::string& name, const std::string& port,
+                       double loss, bool down, std::uint32_t delay_us, std::uint32_t rate_mbps) {
+  std::smatch m;
+  const std::string log = Lab::read_log(sw);
+  if (!std::regex_search(log, m, std::regex("agent port ([0-9]+)")))
+    return {grpc::StatusCode::UNAVAILABLE, "no agent port in the switch's log"};
+  auto stub = pb::SwitchAgent::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + m[1].str(), grpc::InsecureChannelCredentials()));
+  pb::PortFault f;
+  f.set_switch_name(name);
+  f.set_port(port);
+  f.set_rx_loss(loss);
+  f.set_down(down);
+  f.set_delay_us(delay_us);
+  f.set_rate_mbps(rate_mbps);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pb::AgentReply rep;
+  return stub->SetPortFault(&ctx, f, &rep);
+}
+
+// Faults changed at run time through the switch agent (what `treeduce lab fault` does): a host
+// port set down cuts its host off and comes back; loss, a delay and a rate limit on a leaf's
+// uplink hold and drop frames, the results stay exact; the gauges show each state.
+TEST(Fabric, FaultsAtRunTimeAreExactAndReversible) {
+  Options o;
+  o.counts = "1,1000,20000";
+  o.ops = "sum";
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  Proc& leaf0 = f.switch_proc(0);
+  // h0 is on leaf0's net_af_packet0 (10.1.0.254).
+  const std::string ping = "ping -c 1 -W 2 10.1.0.254 >/dev/null";
+  ASSERT_EQ(f.lab().in(f.host_netns(0), ping), 0);
+  ASSERT_TRUE(set_fault(leaf0, "leaf0", "net_af_packet0", 0, true, 0, 0).ok());
+  EXPECT_EQ(counter(scrape(leaf0), "treeduce_port_fault_down", "port=\"net_af_packet0\""), 1u);
+  EXPECT_NE(f.lab().in(f.host_netns(0), ping), 0);
+  EXPECT_GT(counter(scrape(leaf0), "treeduce_switch_daemon_total", "counter=\"injected_down\""),
+            0u);
+  ASSERT_TRUE(set_fault(leaf0, "leaf0", "net_af_packet0", 0, false, 0, 0).ok());
+  EXPECT_EQ(f.lab().in(f.host_netns(0), "ping -c 3 -W 2 10.1.0.254 >/dev/null"), 0);
+
+  const grpc::Status unknown = set_fault(leaf0, "leaf0", "net_tap7", 0, true, 0, 0);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(unknown.error_message(),
+            "Switch leaf0 has no port 'net_tap7' (its ports: net_af_packet0, net_af_packet1, "
+            "net_memif0).");
+
+  // A long, slow, lossy uplink: RESULTs coming down to leaf0 are lost, held 3 ms and released
+  // at 200 Mb/s; the hosts' retransmissions repair it, exactly.
+  ASSERT_TRUE(set_fault(leaf0, "leaf0", "net_memif0", 0.05, false, 3000, 200).ok());
+  const auto during = scrape(leaf0);
+  EXPECT_EQ(counter(during, "treeduce_port_fault_delay_us", "port=\"net_memif0\""), 3000u);
+  EXPECT_EQ(counter(during, "treeduce_port_fault_rate_mbps", "port=\"net_memif0\""), 200u);
+  int ran = 0;
+  EXPECT_TRUE(f.run_hosts(&ran));
+  EXPECT_EQ(ran, 6 * 3);
+  const auto after = scrape(leaf0);
+  EXPECT_GT(counter(after, "treeduce_switch_daemon_total", "counter=\"fault_delayed\""), 0u);
+  EXPECT_GT(counter(after, "treeduce_switch_daemon_total", "counter=\"injected_loss\""), 0u);
+  ASSERT_TRUE(set_fault(leaf0, "leaf0", "net_memif0", 0, false, 0, 0).ok());
+  const auto healed = scrape(leaf0);
+  for (const char* g : {"treeduce_port_fault_delay_us", "treeduce_port_fault_rate_mbps",
+                        "treeduce_port_fault_down"}) {
+    EXPECT_EQ(counter(healed, g, "port=\"net_memif0\""), 0u) << g;
+  }
+  const auto sw = f.stop_switches();
+  check_counters(o, sw);
+}
+
 // Every defined pair of every type and operation (110), exact through the real switches: one
 // refhost process per rank loops over them, a few thousand elements each (1 to 47 chunks), with
 // loss on the host ports so that retransmissions and unicast RESULTs of 8- and 16-byte elements
