@@ -159,6 +159,26 @@ class Service final : public pb::SwitchAgent::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status SetPortCapture(grpc::ServerContext*, const pb::PortCapture* req,
+                              pb::PortCaptureReply* rep) override {
+    if (grpc::Status s = check_switch(req->switch_name()); !s.ok()) return s;
+    if (ports_ == nullptr)
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              "Switch " + name_ +
+                  " takes no captures over the network; start it with faults: true (labs and "
+                  "tests only)."};
+    Status st;
+    if (req->path().empty()) {
+      std::uint64_t frames = 0;
+      st = ports_->stop_capture(req->port(), &frames);
+      rep->set_frames(frames);
+    } else {
+      st = ports_->start_capture(req->port(), req->path());
+    }
+    if (!st.ok()) return {static_cast<grpc::StatusCode>(st.code()), st.message()};
+    return grpc::Status::OK;
+  }
+
   void log(const std::string& what) const {
     std::fprintf(stderr, "treeduce-switch %s: %s\n", name_.c_str(), what.c_str());
   }

@@ -58,6 +58,13 @@ class PortControl {
   /// Replaces port `port`'s faults with `f` (PortConfig::name). Ok, or not_found (no such port,
   /// the sentence lists them), invalid_argument (a value out of range).
   virtual Status set_port_fault(const std::string& port, const PortFault& f) = 0;
+  /// Starts copying every frame received on or sent to `port` into a new pcap file `path` (an
+  /// absolute path on the switch's machine, overwritten). not_found, failed_precondition (one
+  /// runs there already, or the switch takes no captures), invalid_argument (cannot write it).
+  virtual Status start_capture(const std::string& port, const std::string& path) = 0;
+  /// Stops it: every frame the port saw before the call is in the file, which is closed;
+  /// `*frames` is how many it holds. failed_precondition when none runs.
+  virtual Status stop_capture(const std::string& port, std::uint64_t* frames) = 0;
 };
 
 /// Limits advertised to the manager at registration (manager.proto Resources).

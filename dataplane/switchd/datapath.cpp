@@ -79,6 +79,7 @@ Result<std::unique_ptr<Switch>> Switch::create(const SwitchConfig& cfg) {
   if (Status st = s.create_neighbor_rings(); !st.ok()) return st;
   if (Status st = s.create_workers(*lcores); !st.ok()) return st;
   if (Status st = s.setup_ports(); !st.ok()) return st;
+  if (Status st = s.create_capture(); !st.ok()) return st;
   s.add_static_neighbors();
   s.publish_neighbors();
   auto sw = std::unique_ptr<Switch>(new Switch(std::move(impl)));
@@ -100,6 +101,13 @@ Status Switch::Impl::create_rcu() {
 
 Switch::Impl::~Impl() {
   stop_ports();
+  if (cap_ring != nullptr) {
+    std::lock_guard l(cap_mu);
+    write_captures();  // what the lcores saw last, then the files close with `captures`
+  }
+  rte_ring_free(cap_ring);
+  for (auto& c : captures) c.reset();
+  rte_mempool_free(cap_pool);
   delete neighbors.load();
   for (auto& w : workers) {
     for (auto* b : w->txbuf) rte_free(b);
@@ -158,6 +166,7 @@ void Switch::run() {
   std::thread neighbor([&s] { s.neighbor_loop(); });
   // run_ms and exit_idle_ms end the run from here; g_stop is also set by signals.
   std::thread timer([&s] { watch_run_limits(s); });
+  std::thread capture([&s] { s.capture_loop(); });
   std::vector<std::pair<Impl*, Worker*>> args;
   args.reserve(s.workers.size());
   Worker* on_main = nullptr;
@@ -179,6 +188,7 @@ void Switch::run() {
   rte_eal_mp_wait_lcore();
   neighbor.join();
   timer.join();
+  capture.join();
   s.drain_rings();
 }
 

@@ -48,6 +48,9 @@ class Switch final : public TreeControl, public PortControl {
   Status remove(std::uint16_t tree_id) override;
   /// Serves the agent's SetPortFault when the configuration allows it (`faults`); logged.
   Status set_port_fault(const std::string& port, const PortFault& f) override;
+  /// Captures (capture.cpp): only with `faults`.
+  Status start_capture(const std::string& port, const std::string& path) override;
+  Status stop_capture(const std::string& port, std::uint64_t* frames) override;
 
   Snapshot snapshot() const;
 

@@ -13,6 +13,8 @@
 #include <rte_rcu_qsbr.h>
 #include <rte_ring.h>
 
+#include <pcap/pcap.h>
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -97,7 +99,32 @@ struct alignas(64) FaultState {
   std::atomic<std::uint64_t> delay_tsc{0};  ///< delay_us in TSC cycles
   /// TSC cycles per byte at rate_mbps, times 2^16; 0: line rate.
   std::atomic<std::uint64_t> tsc_per_byte_q16{0};
+  /// Frames through the port are copied to its capture file (capture.cpp).
+  std::atomic<bool> capture{false};
   PortFault now;  ///< as last set, for snapshots; under Impl::mu
+};
+
+/// A frame copied for a capture: a clone of its mbuf (sharing its buffer) and when the port saw
+/// it. Lcores enqueue, the capture thread writes.
+struct CaptureRec {
+  rte_mbuf* m;
+  std::uint64_t tsc;
+};
+static_assert(sizeof(CaptureRec) == 16);
+
+/// One port's capture file (pcap, Ethernet), written by the capture thread under cap_mu.
+struct CaptureFile {
+  std::string path;
+  pcap_t* dead = nullptr;
+  pcap_dumper_t* dumper = nullptr;
+  std::uint64_t frames = 0;
+  std::uint64_t tsc0 = 0;  ///< TSC at the start, with the real time then, for timestamps
+  timespec t0{};
+  std::vector<std::uint8_t> buf;  ///< a multi-segment frame made contiguous
+  ~CaptureFile() {
+    if (dumper != nullptr) pcap_dump_close(dumper);
+    if (dead != nullptr) pcap_close(dead);
+  }
 };
 
 /// Frames a worker holds for a delayed or slowed port, due in order (the delay is the same for
@@ -139,7 +166,12 @@ struct alignas(64) Worker {
 struct Switch::Impl {
   SwitchConfig cfg;
   std::vector<Port> ports;
-  std::array<FaultState, kMaxPorts> faults;         ///< by index in `ports`
+  std::array<FaultState, kMaxPorts> faults;  ///< by index in `ports`
+  // Captures (faults: true only): clones of the frames into cap_ring, written by capture_loop.
+  rte_mempool* cap_pool = nullptr;  ///< indirect mbufs for the clones
+  rte_ring* cap_ring = nullptr;     ///< MP/SC CaptureRec
+  mutable std::mutex cap_mu;        ///< captures; held while a batch is written
+  std::array<std::unique_ptr<CaptureFile>, kMaxPorts> captures;
   std::uint16_t port_index[RTE_MAX_ETHPORTS] = {};  ///< port id -> index in `ports`
   rte_mempool* pool = nullptr;      ///< whole frames (RX, unicast TX, multicast payloads)
   rte_mempool* hdr_pool = nullptr;  ///< multicast header mbufs
@@ -191,6 +223,16 @@ struct Switch::Impl {
   /// Held frames of port pi that are due, up to `max`, into out; their number.
   std::uint16_t release_held(Worker& w, std::size_t pi, rte_mbuf** out, std::uint16_t max);
   void set_fault(std::size_t pi, const PortFault& f);  // ports.cpp; caller holds mu
+  /// The index of the port named `name`, or not_found naming the switch's ports.
+  Status port_named(const std::string& name, std::size_t* pi) const;
+  /// A clone of `m` (received or sent on port index pi) to the capture ring.
+  void capture(Worker& w, rte_mbuf* m);
+
+  // capture.cpp
+  Status create_capture();
+  void capture_loop();
+  /// Writes what the ring holds; the number written. Under cap_mu.
+  std::size_t write_captures();
   void rx_frame(Worker& w, rte_mbuf* m, rte_mbuf** local, std::uint16_t* nlocal);
   void slow_path(Worker& w, rte_mbuf* m);
   void run_core(Worker& w, rte_mbuf** pkts, std::uint16_t n, const NeighborTable* nt);

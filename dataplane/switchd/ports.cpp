@@ -130,24 +130,30 @@ void Switch::Impl::set_fault(std::size_t pi, const PortFault& f) {
   fs.now = f;
 }
 
+Status Switch::Impl::port_named(const std::string& name, std::size_t* pi) const {
+  std::string known;
+  for (std::size_t i = 0; i < ports.size(); ++i) {
+    if (ports[i].cfg.name == name) {
+      *pi = i;
+      return Status::Ok();
+    }
+    known += (known.empty() ? "" : ", ") + ports[i].cfg.name;
+  }
+  return not_found("Switch " + cfg.name + " has no port '" + name + "' (its ports: " + known +
+                   ").");
+}
+
 Status Switch::set_port_fault(const std::string& port, const PortFault& f) {
   Impl& s = *impl_;
-  std::string known;
-  for (std::size_t i = 0; i < s.ports.size(); ++i) {
-    if (s.ports[i].cfg.name != port) {
-      known += (known.empty() ? "" : ", ") + s.ports[i].cfg.name;
-      continue;
-    }
-    std::lock_guard l(s.mu);
-    if (s.faults[i].now == f) return Status::Ok();
-    s.set_fault(i, f);
-    log("port %s: faults now rx_loss %g, %s, delay %u us, rate %s", port.c_str(), f.rx_loss,
-        f.down ? "down" : "up", f.delay_us,
-        f.rate_mbps == 0 ? "line" : (std::to_string(f.rate_mbps) + " Mb/s").c_str());
-    return Status::Ok();
-  }
-  return not_found("Switch " + s.cfg.name + " has no port '" + port + "' (its ports: " + known +
-                   ").");
+  std::size_t i = 0;
+  if (Status st = s.port_named(port, &i); !st.ok()) return st;
+  std::lock_guard l(s.mu);
+  if (s.faults[i].now == f) return Status::Ok();
+  s.set_fault(i, f);
+  log("port %s: faults now rx_loss %g, %s, delay %u us, rate %s", port.c_str(), f.rx_loss,
+      f.down ? "down" : "up", f.delay_us,
+      f.rate_mbps == 0 ? "line" : (std::to_string(f.rate_mbps) + " Mb/s").c_str());
+  return Status::Ok();
 }
 
 void Switch::Impl::stop_ports() {
@@ -164,6 +170,10 @@ std::vector<PortStats> Switch::Impl::port_stats() const {
     ps.name = p.cfg.name;
     ps.port_id = p.id;
     ps.fault = faults[port_index[p.id]].now;  // the caller holds mu
+    {
+      std::lock_guard l(cap_mu);
+      if (const auto& c = captures[port_index[p.id]]) ps.capture = c->path;
+    }
     rte_eth_stats st;
     if (rte_eth_stats_get(p.id, &st) == 0) {
       ps.rx_packets = st.ipackets;

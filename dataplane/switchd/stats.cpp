@@ -225,6 +225,10 @@ std::string render_prometheus(const Snapshot& s) {
   x.family("treeduce_port_fault_rate_mbps", "gauge",
            "Rate received frames are released at, in Mb/s; 0: line rate.");
   for (const PortStats& p : s.ports) x.sample({{"port", p.name}}, std::uint64_t{p.fault.rate_mbps});
+  x.family("treeduce_port_capturing", "gauge",
+           "1 while the port's frames are captured to a file (SetPortCapture).");
+  for (const PortStats& p : s.ports)
+    x.sample({{"port", p.name}}, std::uint64_t{p.capture.empty() ? 0u : 1u});
 
   x.family("treeduce_tree_drops_total", "counter",
            "Frames the switch core dropped for one tree, by reason (as "
@@ -341,6 +345,7 @@ std::string render_summary(const Snapshot& s) {
                     p.fault.rate_mbps);
       line.add(f);
     }
+    if (!p.capture.empty()) line.add("capture " + p.capture);
     line.write_to(out);
   }
   summarize_each<dp::Event>("event", s.core.events, 0, out);

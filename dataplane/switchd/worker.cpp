@@ -110,6 +110,9 @@ std::uint64_t Switch::Impl::poll_ports(Worker& w, const NeighborTable* nt, bool*
       got += r;
     }
     if (n == 0) continue;
+    if (faults[pi].capture.load(std::memory_order_relaxed)) [[unlikely]] {
+      for (std::uint16_t i = 0; i < n; ++i) capture(w, pkts[i]);
+    }
     std::uint16_t nlocal = 0;
     for (std::uint16_t i = 0; i < n; ++i) {
       if (i + 1 < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + 1], void*));
@@ -294,8 +297,8 @@ void Switch::Impl::slow_path(Worker& w, rte_mbuf* m) {
       w.count(v == dp::NeighborVerdict::arp_reply ? SwitchdCounter::arp_replies_out
                                                   : SwitchdCounter::echo_replies_out);
       std::memcpy(rte_pktmbuf_append(r, static_cast<std::uint16_t>(out_len)), out, out_len);
-      rte_eth_tx_buffer(m->port, static_cast<std::uint16_t>(w.index), w.txbuf[port_index[m->port]],
-                        r);
+      r->port = m->port;
+      send(w, r);
       break;
     }
     case dp::NeighborVerdict::malformed:
@@ -389,6 +392,8 @@ void Switch::Impl::send(Worker& w, rte_mbuf* m) {
     rte_pktmbuf_free(m);
     return;
   }
+  if (faults[idx].capture.load(std::memory_order_relaxed)) [[unlikely]]
+    capture(w, m);
   rte_eth_tx_buffer(m->port, static_cast<std::uint16_t>(w.index), w.txbuf[idx], m);
 }
 

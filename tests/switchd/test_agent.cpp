@@ -609,6 +609,22 @@ class FakePorts final : public treeduce::switchd::PortControl {
     ++calls_;
     return {};
   }
+  treeduce::Status start_capture(const std::string& port, const std::string& path) override {
+    std::lock_guard l(mu_);
+    if (!capture_.empty())
+      return treeduce::failed_precondition("Port " + port + " of leaf0 is already captured to " +
+                                           capture_ + ".");
+    capture_ = path;
+    return {};
+  }
+  treeduce::Status stop_capture(const std::string& port, std::uint64_t* frames) override {
+    std::lock_guard l(mu_);
+    if (capture_.empty())
+      return treeduce::failed_precondition("Port " + port + " of leaf0 is not captured.");
+    capture_.clear();
+    *frames = 42;
+    return {};
+  }
   std::pair<int, treeduce::switchd::PortFault> last() {
     std::lock_guard l(mu_);
     return {calls_, last_};
@@ -618,6 +634,7 @@ class FakePorts final : public treeduce::switchd::PortControl {
   std::mutex mu_;
   int calls_ = 0;
   treeduce::switchd::PortFault last_;
+  std::string capture_;
 };
 
 grpc::Status set_fault(pb::SwitchAgent::Stub& stub, const pb::PortFault& f) {
@@ -707,4 +724,52 @@ TEST(SetPortFault, ReachesThePortControlOrSaysWhyNot) {
     EXPECT_EQ(s.error_message(), why);
   }
   EXPECT_EQ(ports.last().first, 1);  // none of the refused ones reached the switch
+}
+
+TEST(SetPortCapture, StartsAndStopsOrSaysWhyNot) {
+  FakeTrees trees;
+  FakePorts ports;
+  AgentOptions o;
+  o.switch_name = "leaf0";
+  o.ports = &ports;
+  std::string err;
+  auto agent = Agent::start(o, trees, &err);
+  ASSERT_TRUE(agent) << err;
+  auto stub = pb::SwitchAgent::NewStub(
+      grpc::CreateChannel(local(agent->port()), grpc::InsecureChannelCredentials()));
+  auto call = [&](const std::string& path, std::uint64_t* frames) {
+    pb::PortCapture c;
+    c.set_switch_name("leaf0");
+    c.set_port("net_memif0");
+    c.set_path(path);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::PortCaptureReply rep;
+    grpc::Status s = stub->SetPortCapture(&ctx, c, &rep);
+    *frames = rep.frames();
+    return s;
+  };
+  std::uint64_t frames = 0;
+  ASSERT_TRUE(call("/tmp/a.pcap", &frames).ok());
+  grpc::Status s = call("/tmp/b.pcap", &frames);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(), "Port net_memif0 of leaf0 is already captured to /tmp/a.pcap.");
+  ASSERT_TRUE(call("", &frames).ok());
+  EXPECT_EQ(frames, 42u);
+  s = call("", &frames);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(Direct, SetPortCaptureIsRefusedUnlessTheSwitchAllowsIt) {
+  pb::PortCapture c;
+  c.set_switch_name("leaf0");
+  c.set_port("net_memif0");
+  c.set_path("/tmp/a.pcap");
+  grpc::ClientContext ctx;
+  pb::PortCaptureReply rep;
+  const grpc::Status s = stub->SetPortCapture(&ctx, c, &rep);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Switch leaf0 takes no captures over the network; start it with faults: true (labs "
+            "and tests only).");
 }

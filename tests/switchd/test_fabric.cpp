@@ -28,6 +28,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../support/pcap_file.h"
 #include "manager.grpc.pb.h"
 #include "treeduce/lab/emulated_fabric.h"
 #include "treeduce/lab/exact_inputs.h"
@@ -408,6 +409,27 @@ grpc::Status set_fault(const Proc& sw, const std::string& name, const std::strin
   return stub->SetPortFault(&ctx, f, &rep);
 }
 
+/// SetPortCapture on switch `sw`: starts a capture to `path`, or stops it ("") and sets *frames.
+grpc::Status set_capture(const Proc& sw, const std::string& name, const std::string& port,
+                         const std::string& path, std::uint64_t* frames = nullptr) {
+  std::smatch m;
+  const std::string log = Lab::read_log(sw);
+  if (!std::regex_search(log, m, std::regex("agent port ([0-9]+)")))
+    return {grpc::StatusCode::UNAVAILABLE, "no agent port in the switch's log"};
+  auto stub = pb::SwitchAgent::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + m[1].str(), grpc::InsecureChannelCredentials()));
+  pb::PortCapture c;
+  c.set_switch_name(name);
+  c.set_port(port);
+  c.set_path(path);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pb::PortCaptureReply rep;
+  grpc::Status s = stub->SetPortCapture(&ctx, c, &rep);
+  if (frames != nullptr) *frames = rep.frames();
+  return s;
+}
+
 // Faults changed at run time through the switch agent (what `treeduce lab fault` does): a host
 // port set down cuts its host off and comes back; loss, a delay and a rate limit on a leaf's
 // uplink hold and drop frames, the results stay exact; the gauges show each state.
@@ -438,13 +460,41 @@ TEST(Fabric, FaultsAtRunTimeAreExactAndReversible) {
   // A long, slow, lossy uplink: RESULTs coming down to leaf0 are lost, held 3 ms and released
   // at 200 Mb/s; the hosts' retransmissions repair it, exactly.
   ASSERT_TRUE(set_fault(leaf0, "leaf0", "net_memif0", 0.05, false, 3000, 200).ok());
+  // The uplink's frames, both ways, into a pcap file the switch writes.
+  const std::string pcap = f.lab().dir() + "/uplink.pcap";
+  ASSERT_TRUE(set_capture(leaf0, "leaf0", "net_memif0", pcap).ok());
+  EXPECT_EQ(set_capture(leaf0, "leaf0", "net_memif0", pcap).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(counter(scrape(leaf0), "treeduce_port_capturing", "port=\"net_memif0\""), 1u);
   const auto during = scrape(leaf0);
   EXPECT_EQ(counter(during, "treeduce_port_fault_delay_us", "port=\"net_memif0\""), 3000u);
   EXPECT_EQ(counter(during, "treeduce_port_fault_rate_mbps", "port=\"net_memif0\""), 200u);
   int ran = 0;
   EXPECT_TRUE(f.run_hosts(&ran));
   EXPECT_EQ(ran, 6 * 3);
+  std::uint64_t captured = 0;
+  ASSERT_TRUE(set_capture(leaf0, "leaf0", "net_memif0", "", &captured).ok());
   const auto after = scrape(leaf0);
+  EXPECT_EQ(counter(after, "treeduce_port_capturing", "port=\"net_memif0\""), 0u);
+  std::vector<treeduce::testing::PcapFrame> frames;
+  std::string error;
+  ASSERT_TRUE(treeduce::testing::read_pcap(pcap, &frames, &error)) << error;
+  EXPECT_EQ(frames.size(), captured);
+  // Partials up and RESULTs down: every frame UDP between the two switches' data addresses
+  // (10.0.0.1, 10.0.0.3) on port 47110, with a treeduce header after it.
+  std::size_t up = 0, down = 0;
+  for (const auto& fr : frames) {
+    ASSERT_GE(fr.size(), 74u);  // Ethernet, IPv4, UDP and the treeduce header
+    EXPECT_EQ(fr[12], 0x08);
+    EXPECT_EQ(fr[13], 0x00);
+    EXPECT_EQ(fr[23], 17);  // UDP
+    up += fr[29] == 1 && fr[33] == 3;
+    down += fr[29] == 3 && fr[33] == 1;
+  }
+  EXPECT_GT(up, 0u);
+  EXPECT_GT(down, 0u);
+  EXPECT_EQ(up + down, frames.size());
+  EXPECT_EQ(counter(after, "treeduce_switch_daemon_total", "counter=\"capture_dropped\""), 0u);
   EXPECT_GT(counter(after, "treeduce_switch_daemon_total", "counter=\"fault_delayed\""), 0u);
   EXPECT_GT(counter(after, "treeduce_switch_daemon_total", "counter=\"injected_loss\""), 0u);
   ASSERT_TRUE(set_fault(leaf0, "leaf0", "net_memif0", 0, false, 0, 0).ok());

@@ -45,8 +45,8 @@ Snapshot sample_snapshot() {
   s.core.drops[static_cast<std::size_t>(DropReason::bad_key)] = 10;
   s.core.events[static_cast<std::size_t>(Event::rx_frames)] = 1200;
   s.switchd[static_cast<std::size_t>(SwitchdCounter::steered)] = 5;
-  s.ports.push_back({"net_memif0", 0, 1200, 1'300'000, 1100, 1'240'000, 3, 0, 0, {}});
-  s.ports.push_back({"net_tap1", 1, 0, 0, 0, 0, 0, 0, 0, {0.25, true, 500, 100}});
+  s.ports.push_back({"net_memif0", 0, 1200, 1'300'000, 1100, 1'240'000, 3, 0, 0, {}, ""});
+  s.ports.push_back({"net_tap1", 1, 0, 0, 0, 0, 0, 0, 0, {0.25, true, 500, 100}, "/tmp/tap1.pcap"});
   TreeStats t;
   t.tree_id = 7;
   t.job = "demo";
@@ -135,17 +135,17 @@ TEST(RenderPrometheus, WholeOutputIsValid) {
 TEST(RenderPrometheus, EachFamilyHasOneHelpAndOneType) {
   const std::string text = render_prometheus(sample_snapshot());
   const std::pair<const char*, const char*> families[] = {
-      {"treeduce_switch_uptime_seconds", "gauge"},  {"treeduce_switch_trees", "gauge"},
-      {"treeduce_switch_drops_total", "counter"},   {"treeduce_switch_events_total", "counter"},
-      {"treeduce_switch_daemon_total", "counter"},  {"treeduce_port_rx_packets_total", "counter"},
-      {"treeduce_port_rx_bytes_total", "counter"},  {"treeduce_port_tx_packets_total", "counter"},
-      {"treeduce_port_tx_bytes_total", "counter"},  {"treeduce_port_rx_missed_total", "counter"},
-      {"treeduce_port_rx_errors_total", "counter"}, {"treeduce_port_tx_errors_total", "counter"},
-      {"treeduce_port_fault_rx_loss", "gauge"},     {"treeduce_port_fault_down", "gauge"},
-      {"treeduce_port_fault_delay_us", "gauge"},    {"treeduce_port_fault_rate_mbps", "gauge"},
-      {"treeduce_tree_drops_total", "counter"},     {"treeduce_tree_events_total", "counter"},
-      {"treeduce_lcore_polls_total", "counter"},    {"treeduce_lcore_busy_polls_total", "counter"},
-      {"treeduce_lcore_sleeps_total", "counter"},
+      {"treeduce_switch_uptime_seconds", "gauge"},    {"treeduce_switch_trees", "gauge"},
+      {"treeduce_switch_drops_total", "counter"},     {"treeduce_switch_events_total", "counter"},
+      {"treeduce_switch_daemon_total", "counter"},    {"treeduce_port_rx_packets_total", "counter"},
+      {"treeduce_port_rx_bytes_total", "counter"},    {"treeduce_port_tx_packets_total", "counter"},
+      {"treeduce_port_tx_bytes_total", "counter"},    {"treeduce_port_rx_missed_total", "counter"},
+      {"treeduce_port_rx_errors_total", "counter"},   {"treeduce_port_tx_errors_total", "counter"},
+      {"treeduce_port_fault_rx_loss", "gauge"},       {"treeduce_port_fault_down", "gauge"},
+      {"treeduce_port_fault_delay_us", "gauge"},      {"treeduce_port_fault_rate_mbps", "gauge"},
+      {"treeduce_port_capturing", "gauge"},           {"treeduce_tree_drops_total", "counter"},
+      {"treeduce_tree_events_total", "counter"},      {"treeduce_lcore_polls_total", "counter"},
+      {"treeduce_lcore_busy_polls_total", "counter"}, {"treeduce_lcore_sleeps_total", "counter"},
   };
   std::size_t help_lines = 0;
   for (const std::string& l : lines_of(text)) help_lines += l.starts_with("# HELP ");
@@ -187,6 +187,8 @@ TEST(RenderPrometheus, ExactLines) {
           R"(treeduce_port_fault_down{switch="leaf1",port="net_tap1"} 1)",
           R"(treeduce_port_fault_delay_us{switch="leaf1",port="net_tap1"} 500)",
           R"(treeduce_port_fault_rate_mbps{switch="leaf1",port="net_tap1"} 100)",
+          R"(treeduce_port_capturing{switch="leaf1",port="net_tap1"} 1)",
+          R"(treeduce_port_capturing{switch="leaf1",port="net_memif0"} 0)",
           R"(treeduce_tree_drops_total{switch="leaf1",tree="7",job="demo",reason="bad_key"} 2)",
           R"(treeduce_tree_events_total{switch="leaf1",tree="7",job="demo",event="contrib_accepted"} 400)",
           R"(treeduce_tree_events_total{switch="leaf1",tree="7",job="demo",event="rx_frames"} 0)",
@@ -249,7 +251,7 @@ TEST(RenderPrometheus, PerTreeSeriesForEachInstalledTree) {
 TEST(RenderPrometheus, EscapesLabelValues) {
   Snapshot s;
   s.switch_name = "a\"b\\c\nd";
-  s.ports.push_back({"p\"0", 0, 1, 0, 0, 0, 0, 0, 0, {}});
+  s.ports.push_back({"p\"0", 0, 1, 0, 0, 0, 0, 0, 0, {}, ""});
   const std::string text = render_prometheus(s);
   EXPECT_EQ(count_line(text, R"(treeduce_switch_trees{switch="a\"b\\c\nd"} 0)"), 1u) << text;
   EXPECT_EQ(
@@ -269,7 +271,8 @@ TEST(RenderPrometheus, LargeCountersAreExactIntegers) {
 TEST(RenderSummary, NonZeroCountersOnly) {
   EXPECT_EQ(render_summary(sample_snapshot()),
             "port net_memif0: rx 1200 packets 1.3 MB, tx 1100 packets 1.2 MB, rx_missed 3\n"
-            "port net_tap1: faults: down rx_loss=0.25 delay_us=500 rate_mbps=100\n"
+            "port net_tap1: faults: down rx_loss=0.25 delay_us=500 rate_mbps=100, capture "
+            "/tmp/tap1.pcap\n"
             "event rx_frames: 1200\n"
             "drop bad_key: 10\n"
             "daemon steered: 5\n"
@@ -277,7 +280,7 @@ TEST(RenderSummary, NonZeroCountersOnly) {
             "lcore 2: polls 1000, busy_polls 20, sleeps 3\n");
   EXPECT_EQ(render_summary(Snapshot{}), "");
   Snapshot s;
-  s.ports.push_back({"p", 0, 0, 0, 3, 999, 0, 0, 7, {}});
+  s.ports.push_back({"p", 0, 0, 0, 3, 999, 0, 0, 7, {}, ""});
   s.trees.push_back({.tree_id = 1, .job = "", .counters = {}});
   EXPECT_EQ(render_summary(s), "port p: tx 3 packets 999 B, tx_errors 7\n");
 }
