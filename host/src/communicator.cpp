@@ -332,8 +332,28 @@ class CommunicatorImpl final : public Communicator {
     ec.rto_max_ns = kRtoMaxNs;
     ec.max_retries = kMaxRetries;
     network_ = std::make_unique<NetworkLoop>(std::move(transport).value(), ec, t.leaf_address,
-                                             opt_.op_timeout_ms, stop_);
+                                             peers(), opt_.op_timeout_ms, stop_);
     return std::nullopt;
+  }
+
+  // What this rank knows of the others, for the sentence of a network that stopped answering: the
+  // manager's Join returned only once every rank had joined; a static tree knows nothing of them.
+  std::string peers() const {
+    const std::string n = std::to_string(opt_.world_size);
+    if (manager_) {
+      return "all " + n + " ranks joined job '" + opt_.job + "' at the Aggregation Manager at " +
+             opt_.manager;
+    }
+    if (opt_.world_size == 1) return {};
+    char key[32];
+    std::snprintf(key, sizeof key, "0x%llx", static_cast<unsigned long long>(tree_.key));
+    const std::string others =
+        opt_.world_size == 2
+            ? "whether the other rank"
+            : "which of the other " + std::to_string(opt_.world_size - 1) + " ranks";
+    return "with a static tree this rank cannot know " + others + " started: every rank of the " +
+           n + " must run with tree id " + std::to_string(tree_.tree_id) + ", key " + key +
+           " and its own child index, as the switch was configured";
   }
 
   // Runs one operation on the path it should take; one thread at a time (the request queue's).
@@ -396,6 +416,11 @@ class CommunicatorImpl final : public Communicator {
     }
     if (!failed) return treeduce::Status::Ok();
     failed->fatal = failed->fatal || stop_.load();
+    // The manager may know why the network went quiet (a switch of the tree failed).
+    if (std::string gone;
+        failed->code == Code::deadline_exceeded && manager_ && !manager_->tree_usable(&gone)) {
+      failed->why += "; the Aggregation Manager says: " + as_phrase(gone);
+    }
     return fall_back(o, decide_path(opt_.path, failed), keep ? saved_.data() : o.send);
   }
 

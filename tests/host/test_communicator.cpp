@@ -496,10 +496,46 @@ TEST(Communicator, DeadSwitchTimesOutOnNetworkPath) {
         << comm->last_error();
     EXPECT_NE(comm->last_error().find("after 30 retransmissions"), std::string::npos)
         << comm->last_error();
+    // The leaf answered the first chunks: the route and the address worked.
+    EXPECT_NE(comm->last_error().find("results had come back before (the route and the address "
+                                      "worked), so the leaf, a switch above it or another rank "
+                                      "stopped"),
+              std::string::npos)
+        << comm->last_error();
     EXPECT_GE(comm->stats().retransmits, 30u) << "the timeout came from the retransmission bound";
     EXPECT_EQ(comm->stats().fallback_ops, 0u);
   });
   EXPECT_TRUE(sw.dead());
+}
+
+// A leaf that never answers (a wrong address, no route, a rank that never started: the switch
+// cannot complete a chunk): the sentence says that nothing ever came back, names the route and the
+// address to check, and what this rank knows of the others (a static tree: nothing, and what
+// they must agree on). A leaf that answered before says that instead.
+TEST(Communicator, SilentLeafSaysWhatToCheck) {
+  constexpr std::uint32_t kWorld = 2;
+  FakeSwitch sw({.world = kWorld, .die_after = 0});
+  run_ranks(kWorld, [&](std::uint32_t rank) {
+    auto comm = make(sw.options(rank, "silent-leaf", Path::network));
+    ASSERT_NE(comm, nullptr);
+    EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 1000, 0}, false, Result::timeout));
+    const std::string e = comm->last_error();
+    const std::string leaf = sw.leaf_address();
+    const std::string ip = leaf.substr(0, leaf.rfind(':'));
+    for (const std::string& part :
+         {"The network stopped answering: a chunk sent to the leaf switch at " + leaf +
+              " got no result after 30 retransmissions",
+          "no result ever came back to this rank, so check the route from this host to " + ip +
+              " (ip route get " + ip + "), that " + leaf +
+              " is the leaf switch's data address and that switch runs, and that every rank "
+              "started",
+          std::string("with a static tree this rank cannot know whether the other rank started: "
+                      "every rank of the 2 must run with tree id ") +
+              std::to_string(kTreeId)}) {
+      EXPECT_NE(e.find(part), std::string::npos) << "missing: " << part << "\nin: " << e;
+    }
+    EXPECT_EQ(e.find("results had come back before"), std::string::npos) << e;
+  });
 }
 
 // Path::auto: the same failure falls back to host-side reduction, with the same inputs (in
