@@ -183,6 +183,12 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
     return to_grpc(reg_.leave(req->job(), req->rank()));
   }
 
+  grpc::Status Abort(grpc::ServerContext*, const pb::AbortRequest* req, pb::AbortReply*) override {
+    std::optional<std::uint32_t> rank;
+    if (req->rank_known()) rank = req->rank();
+    return to_grpc(reg_.abort(req->job(), rank, req->reason()));
+  }
+
  private:
   JobRegistry& reg_;
 };

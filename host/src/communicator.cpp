@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <vector>
 
+#include "environment.h"
 #include "errors.h"
 #include "host_path.h"
 #include "manager_client.h"
@@ -126,9 +128,11 @@ class CommunicatorImpl final : public Communicator {
         tree_ = o.tree;
       } else {
         manager_.reset();
-        // The client's reason names the manager; say which one if it does not.
+        // The client's reason names the manager; say which one if it does not. A wrong request
+        // (another rank cannot start, a rank started twice) is the manager's sentence as is:
+        // the manager gave no tree because the job itself is wrong.
         std::string why = as_phrase(o.reason);
-        if (why.find(opt_.manager) == std::string::npos) {
+        if (why.find(opt_.manager) == std::string::npos && o.result != Result::invalid_argument) {
           why = "the Aggregation Manager at " + opt_.manager + " gave the job no tree" +
                 (why.empty() ? "" : ": " + why);
         }
@@ -504,6 +508,39 @@ std::string manager_address_problem(const std::string& a) {
 }
 
 }  // namespace
+
+std::string report_unstartable(const UnstartableRank& who, const std::string& why) {
+  const std::string self = who.rank ? "Rank " + std::to_string(*who.rank) : "This rank";
+  if (who.manager.empty())
+    return "The other ranks cannot be told (no TREEDUCE_MANAGER): they find out only when their "
+           "operations time out.";
+  if (who.job.empty())
+    return "The other ranks cannot be told (no job name to tell the Aggregation Manager at " +
+           who.manager + "): they wait for this rank until their join timeout.";
+  if (const std::string bad = manager_address_problem(who.manager); !bad.empty())
+    return "The other ranks cannot be told: " + bad;
+  const std::string no = ManagerClient::make(who.manager)->abort(who.job, who.rank, why);
+  if (no.empty())
+    return self + " told the Aggregation Manager at " + who.manager + ", which fails job '" +
+           who.job + "' for every rank.";
+  return self + " could not tell the Aggregation Manager at " + who.manager + " (" + no +
+         "): the other ranks wait for it until their join timeout.";
+}
+
+Result options_from_environment(Options* out, std::string* error) {
+  if (out == nullptr) {
+    if (error != nullptr) *error = "options_from_environment needs an Options to fill.";
+    return Result::invalid_argument;
+  }
+  const EnvLookup env = [](const char* n) { return std::getenv(n); };
+  const treeduce::Status s = parse_environment(env, out);
+  // A rank that cannot start says so to the manager, so that the others fail now rather than
+  // wait for it (docs/host.md, "Environment").
+  std::string message = s.message();
+  if (!s.ok()) message += " " + report_unstartable(what_is_known(env), s.message());
+  if (error != nullptr) *error = message;
+  return to_result(s);
+}
 
 std::unique_ptr<Communicator> Communicator::create(const Options& opt, Result* result,
                                                    std::string* error) {

@@ -106,14 +106,24 @@ treeduce::Status parse_transport_environment(const EnvLookup& env, TransportOpti
   return s;
 }
 
-Result options_from_environment(Options* out, std::string* error) {
-  if (out == nullptr) {
-    if (error != nullptr) *error = "options_from_environment needs an Options to fill.";
-    return Result::invalid_argument;
-  }
-  const treeduce::Status s = parse_environment([](const char* n) { return std::getenv(n); }, out);
-  if (error != nullptr) *error = s.message();
-  return to_result(s);
+UnstartableRank what_is_known(const EnvLookup& env) {
+  const auto first_of = [&env](std::initializer_list<const char*> names) -> Var {
+    for (const char* n : names) {
+      const char* v = env(n);
+      if (v != nullptr && *v != '\0') return {n, v};
+    }
+    return {};
+  };
+  UnstartableRank u;
+  if (const Var v = first_of({"TREEDUCE_MANAGER"}); v.name) u.manager = v.value;
+  if (const Var v = first_of({"TREEDUCE_JOB", "TORCHELASTIC_RUN_ID"});
+      v.name && !(std::string_view(v.name) == "TORCHELASTIC_RUN_ID" && v.value == "none"))
+    u.job = v.value;
+  std::uint64_t r = 0;
+  if (const Var v = first_of({"TREEDUCE_RANK", "RANK", "OMPI_COMM_WORLD_RANK"});
+      v.name && number(v, 0, UINT32_MAX, &r).ok())
+    u.rank = std::uint32_t(r);
+  return u;
 }
 
 treeduce::Status parse_environment(const EnvLookup& env, Options* out) {

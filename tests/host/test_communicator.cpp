@@ -844,6 +844,13 @@ TEST(Communicator, NetworkPathWithoutTreeIsUnavailable) {
   EXPECT_NE(error.find("no static tree"), std::string::npos) << error;
 }
 
+// The public entry point: no Options to fill is a sentence, not a crash.
+TEST(Communicator, OptionsFromEnvironmentNeedsOptions) {
+  std::string err;
+  EXPECT_EQ(options_from_environment(nullptr, &err), Result::invalid_argument);
+  EXPECT_EQ(err, "options_from_environment needs an Options to fill.");
+}
+
 // --- Transport -----------------------------------------------------------------------------------
 
 // Same-size packets leave as GSO super-datagrams (where the kernel has it) yet arrive as separate

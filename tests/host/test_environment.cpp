@@ -13,7 +13,6 @@
 
 using treeduce::Code;
 using treeduce::host::Options;
-using treeduce::host::options_from_environment;
 using treeduce::host::parse_environment;
 using treeduce::host::parse_number;
 using treeduce::host::parse_transport_environment;
@@ -21,6 +20,7 @@ using treeduce::host::Path;
 using treeduce::host::Result;
 using treeduce::host::TransportKind;
 using treeduce::host::TransportOptions;
+using treeduce::host::what_is_known;
 
 namespace {
 
@@ -280,10 +280,33 @@ TEST_F(Environment, NumbersAreWholeAndInRange) {
   EXPECT_EQ(x, UINT64_MAX);
 }
 
-// The public entry point reads the process's environment through the same parser; its edge
-// maps the Status to a Result and the sentence.
-TEST(EnvironmentEdge, OptionsFromEnvironmentMapsTheStatus) {
-  std::string err;
-  EXPECT_EQ(options_from_environment(nullptr, &err), Result::invalid_argument);
-  EXPECT_EQ(err, "options_from_environment needs an Options to fill.");
+// What a rank whose environment is malformed can still say of itself, to tell the manager
+// (docs/host.md, "Environment"): the manager, the job and the rank, each only when it is itself
+// well formed.
+TEST_F(Environment, WhatABadRankStillKnows) {
+  set("TREEDUCE_MANAGER", "am:7000");
+  set("TREEDUCE_JOB", "j1");
+  set("TREEDUCE_RANK", "3");
+  set("TREEDUCE_WORLD_SIZE", "4");
+  set("TREEDUCE_SLOTS", "3");
+  Options o;
+  EXPECT_EQ(parse(&o).message(), "TREEDUCE_SLOTS is 3; it must be a power of two from 1 to 4096.");
+  auto u = what_is_known(lookup());
+  EXPECT_EQ(u.manager, "am:7000");
+  EXPECT_EQ(u.job, "j1");
+  ASSERT_TRUE(u.rank.has_value());
+  EXPECT_EQ(*u.rank, 3u);
+  set("TREEDUCE_RANK", "three");
+  vars.erase("TREEDUCE_JOB");
+  set("TORCHELASTIC_RUN_ID", "none");  // torchrun's placeholder is no job name
+  u = what_is_known(lookup());
+  EXPECT_FALSE(u.rank.has_value());
+  EXPECT_EQ(u.job, "");
+  vars.clear();
+  set("RANK", "2");
+  set("TORCHELASTIC_RUN_ID", "run7");
+  u = what_is_known(lookup());
+  EXPECT_EQ(u.manager, "");
+  EXPECT_EQ(u.job, "run7");
+  EXPECT_EQ(u.rank.value_or(99), 2u);
 }

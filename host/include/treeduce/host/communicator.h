@@ -127,8 +127,9 @@ struct Options {
 /// TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, the transport's variables
 /// (TransportOptions), and the launchers' RANK/WORLD_SIZE (torchrun) and
 /// OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI) when treeduce's own are not set. Returns
-/// invalid_argument with the variable named in
-/// `*error`.
+/// invalid_argument with the variable named in `*error`; then, when the variables still name a
+/// manager and a job, it has told the manager, which fails the job for every other rank at once
+/// (docs/host.md, "Environment"), and `*error` says whether that worked.
 Result options_from_environment(Options* out, std::string* error);
 
 /// Why the last collective (or creation) went the way it did, and what is counted.
