@@ -33,7 +33,8 @@ using namespace treeduce;
 using namespace treeduce::host;
 
 extern "C" int treeduce_test_c_api(const char* leaf_address, const char* bind_address,
-                                   unsigned short port, char* message, size_t message_len);
+                                   unsigned short port, const char* store, char* message,
+                                   size_t message_len);
 
 namespace {
 
@@ -823,6 +824,8 @@ TEST(Communicator, UnreachableManager) {
     EXPECT_NE(comm->path_reason().find(manager), std::string::npos) << comm->path_reason();
     EXPECT_TRUE(run_case(*comm, {DType::f16, ReduceOp::min, 500, 0}, false));
     EXPECT_EQ(comm->stats().fallback_ops, 1u);
+    // The fallback at creation is the stats' reason too (docs/host.md, section 5).
+    EXPECT_EQ(comm->stats().fallback_reason, comm->path_reason());
   });
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("treeduce: warning: rank 1 falls back to host-side reduction: the "
@@ -927,10 +930,11 @@ INSTANTIATE_TEST_SUITE_P(Offloads, UdpTransportTest, ::testing::Bool());
 
 TEST(CApi, AllreduceAndErrors) {
   FakeSwitch sw({.world = 1});
-  char message[256] = "";
+  TempDir store;
+  char message[512] = "";
   const Options o = sw.options(0, "c-api", Path::network);
   EXPECT_EQ(treeduce_test_c_api(o.static_tree.leaf_address.c_str(), o.bind_address.c_str(), o.port,
-                                message, sizeof message),
+                                store.path().c_str(), message, sizeof message),
             0)
       << message;
 }
