@@ -1,16 +1,25 @@
 // treeduce: the manager's command line. Reads the Query service and prints tables or JSON, and
 // `doctor` explains whether a job would be reduced in the network.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "manager.grpc.pb.h"
@@ -102,6 +111,8 @@ struct DoctorArgs {
   std::uint32_t slots = 16;
   std::uint32_t payload_bytes = 1024;
   bool deterministic = false;
+  std::string leaf;  ///< the leaf's data address to ping ("" = the manager's leaves)
+  bool ping = true;
 };
 
 // The manager's rule for job names (control/src/registry.cpp).
@@ -275,7 +286,170 @@ void check_fabric(Report& rep, const DoctorArgs& a, treeduce::DType d, treeduce:
          " leaves) are up and have room for " + what + ".");
 }
 
-int doctor(const DoctorArgs& a, const std::string& manager) {
+// ---- Can this host reach its leaf? A treeduce switch answers ICMP echo for its data address
+// (dataplane/include/treeduce/dataplane/neighbor.h), so an echo reply means that the route, the
+// neighbour (ARP) and the switch's port on this host's link all work: what the network path
+// needs before its first packet. The protocol has no probe message of its own (docs/protocol.md).
+
+enum class Echo { answered, silent, no_route };
+
+struct Target {
+  std::string label;  // "10.0.1.1 (leaf0)"
+  in_addr ip{};
+  Echo echo = Echo::silent;
+  std::string error;  // why a send failed
+};
+
+std::uint16_t icmp_checksum(const std::uint8_t* p, std::size_t n) {
+  std::uint32_t sum = 0;
+  for (std::size_t i = 0; i + 1 < n; i += 2) sum += std::uint32_t(p[i]) << 8 | p[i + 1];
+  if (n & 1) sum += std::uint32_t(p[n - 1]) << 8;
+  while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+  return static_cast<std::uint16_t>(~sum);
+}
+
+// Three rounds of one echo request to every target not yet answered, each round waiting up to a
+// second for replies. An unprivileged ICMP socket first (net.ipv4.ping_group_range), a raw one
+// (root) else; "" when it ran, else why no ICMP could be sent.
+std::string ping_all(std::vector<Target>& targets) {
+  bool raw = false;
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_ICMP);
+  if (fd < 0) {
+    const int dgram_errno = errno;
+    fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_ICMP);
+    if (fd < 0)
+      return std::string("this process may open no ICMP socket (") + std::strerror(dgram_errno) +
+             "): allow ping sockets (sysctl net.ipv4.ping_group_range) or run it as root";
+    raw = true;
+  }
+  const std::uint16_t id = static_cast<std::uint16_t>(getpid());
+  for (int round = 0; round < 3; ++round) {
+    std::size_t waiting = 0;
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+      Target& x = targets[t];
+      if (x.echo != Echo::silent) continue;
+      std::uint8_t req[24] = {8,
+                              0,
+                              0,
+                              0,
+                              std::uint8_t(id >> 8),
+                              std::uint8_t(id),
+                              std::uint8_t(round),
+                              std::uint8_t(t)};
+      std::memcpy(req + 8, "treeduce doctor!", 16);
+      const std::uint16_t c = icmp_checksum(req, sizeof req);
+      req[2] = std::uint8_t(c >> 8);
+      req[3] = std::uint8_t(c);
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_addr = x.ip;
+      if (sendto(fd, req, sizeof req, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) < 0) {
+        if (errno == ENETUNREACH || errno == EHOSTUNREACH || errno == EINVAL) {
+          x.echo = Echo::no_route;
+          x.error = std::strerror(errno);
+          continue;
+        }
+        x.error = std::strerror(errno);
+      }
+      ++waiting;
+    }
+    if (waiting == 0) break;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (waiting > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            until - std::chrono::steady_clock::now())
+                            .count();
+      pollfd p{fd, POLLIN, 0};
+      if (left <= 0 || poll(&p, 1, int(left)) <= 0) break;
+      std::uint8_t buf[1500];
+      sockaddr_in from{};
+      socklen_t fl = sizeof from;
+      const ssize_t n = recvfrom(fd, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &fl);
+      if (n <= 0) continue;  // an ICMP error queued on the socket: no echo from it
+      std::size_t off = 0;
+      if (raw) {
+        off = std::size_t(buf[0] & 0x0F) * 4;
+        if (std::size_t(n) < off + 8) continue;
+        if ((std::uint16_t(buf[off + 4]) << 8 | buf[off + 5]) != id) continue;  // not ours
+      }
+      if (std::size_t(n) < off + 8 || buf[off] != 0) continue;  // not an echo reply
+      for (Target& x : targets)
+        if (x.echo == Echo::silent && x.ip.s_addr == from.sin_addr.s_addr) {
+          x.echo = Echo::answered;
+          --waiting;
+        }
+    }
+  }
+  close(fd);
+  return {};
+}
+
+// The leaf's data address, given or from the manager's list of level-0 switches, pinged from
+// this host. A leaf that cannot be reached is a warning (the library would fall back, saying
+// "the network stopped answering"), not a blocker: the manager would still give a tree.
+void check_reach(Report& rep, const DoctorArgs& a, const pb::SwitchList* sl) {
+  std::vector<Target> targets;
+  const auto add = [&](const std::string& address, const std::string& name) {
+    Target t;
+    const std::string ip = address.substr(0, address.rfind(':'));
+    if (inet_pton(AF_INET, ip.c_str(), &t.ip) != 1) {
+      rep.warning("The leaf address '" + address +
+                  "' is not IPv4[:PORT], so this host's route to it was not checked.");
+      return;
+    }
+    t.label = ip + (name.empty() ? "" : " (" + name + ")");
+    targets.push_back(t);
+  };
+  if (!a.leaf.empty()) {
+    add(a.leaf, "");
+  } else if (sl != nullptr) {
+    for (const auto& s : sl->switches())
+      if (s.level() == 0 && !s.data_address().empty()) add(s.data_address(), s.name());
+  }
+  if (targets.empty()) return;
+  if (std::string why = ping_all(targets); !why.empty()) {
+    rep.note("Whether this host reaches its leaf switch was not checked: " + why + ".");
+    return;
+  }
+  std::vector<const Target*> answered, silent;
+  for (const Target& t : targets) (t.echo == Echo::answered ? answered : silent).push_back(&t);
+  for (const Target* t : answered)
+    rep.ok("The leaf switch at " + t->label + " answers ICMP echo from this host.");
+  // With the manager's leaves, this host need reach only its own (the Query service does not say
+  // which): the others are notes once one answered.
+  const bool own_unknown = a.leaf.empty() && targets.size() > 1;
+  for (const Target* t : silent) {
+    const std::string ip = t->label.substr(0, t->label.find(' '));
+    std::string line;
+    if (t->echo == Echo::no_route) {
+      line = "This host has no route to the leaf switch's data address " + t->label + " (" +
+             t->error + "): add one (ip route add " + ip +
+             " dev IFACE, or via a gateway) on the interface that faces the leaf";
+    } else {
+      line = "The leaf switch's data address " + t->label +
+             " did not answer 3 ICMP echo requests from this host: check the route to it (ip "
+             "route get " +
+             ip + "), that " + ip +
+             " is the leaf's data address (data: in its configuration), and that the switch runs "
+             "with a port on this host's link (ip neigh show " +
+             ip + " says whether it answered ARP)";
+    }
+    if (own_unknown && !answered.empty())
+      rep.note(line + "; fine if this host is not under that leaf.");
+    else
+      rep.warning(line + "; without it the in-network path fails and the ranks fall back.");
+  }
+}
+
+int doctor(const DoctorArgs& args, const std::string& manager) {
+  // The leaf to ping and whether to: from the environment, as the library reads them
+  // (TREEDUCE_STATIC_LEAF, docs/host.md); TREEDUCE_DOCTOR_PING=0 skips the ping (tests whose
+  // topology's addresses are not on this machine).
+  DoctorArgs a = args;
+  if (const char* env = std::getenv("TREEDUCE_STATIC_LEAF"); env != nullptr && *env != '\0')
+    a.leaf = env;
+  if (const char* env = std::getenv("TREEDUCE_DOCTOR_PING"); env != nullptr)
+    a.ping = std::string_view(env) != "0";
   const auto d = treeduce::parse_dtype(a.dtype);
   const auto op = treeduce::parse_op(a.op);
   if (!d) {
@@ -301,6 +475,7 @@ int doctor(const DoctorArgs& a, const std::string& manager) {
     return 2;
   }
   Report rep;
+  bool reached = false;
   auto stub = pb::Query::NewStub(grpc::CreateChannel(manager, grpc::InsecureChannelCredentials()));
   pb::SwitchList sl;
   pb::JobList jl;
@@ -317,7 +492,10 @@ int doctor(const DoctorArgs& a, const std::string& manager) {
     rep.ok("The manager at " + manager + " answers: " + std::to_string(sl.switches_size()) +
            " switches, " + std::to_string(jl.jobs_size()) + " jobs.");
     check_fabric(rep, a, *d, *op, sl, jl);
+    if (a.ping) check_reach(rep, a, &sl);
+    reached = true;
   }
+  if (!reached && a.ping) check_reach(rep, a, nullptr);
 
   const std::string subject = (a.job.empty() ? std::string("The job") : "Job '" + a.job + "'") +
                               " (" + std::to_string(a.world) + " ranks, " +

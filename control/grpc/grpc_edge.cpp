@@ -183,6 +183,12 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
     return to_grpc(reg_.leave(req->job(), req->rank()));
   }
 
+  grpc::Status Abort(grpc::ServerContext*, const pb::AbortRequest* req, pb::AbortReply*) override {
+    std::optional<std::uint32_t> rank;
+    if (req->rank_known()) rank = req->rank();
+    return to_grpc(reg_.abort(req->job(), rank, req->reason()));
+  }
+
  private:
   JobRegistry& reg_;
 };
@@ -264,6 +270,7 @@ class ManagerServer::Queries final : public pb::Query::Service {
       s->set_up(v.up);
       s->set_registered(v.registered);
       s->set_agent_address(v.agent);
+      s->set_data_address(to_string(topo_.switches[v.index].data));
       to_proto(v.profile, s->mutable_resources());
       s->set_trees_used(v.used.trees);
       s->set_slots_used(v.used.slots);

@@ -115,6 +115,12 @@ Result<RankAssignment> JobRegistry::join(const JoinArgs& a, std::uint64_t wait_m
   std::unique_lock lock(mu_);
   if (closed_) return unavailable("The manager is shutting down; join again when it is back.");
   auto it = jobs_.find(a.job);
+  if (it != jobs_.end() && it->second.aborted) {
+    // The rank that reported joins again: its environment was fixed, the job starts afresh.
+    if (it->second.aborted_rank != a.rank) return it->second.refusal;
+    end_job(it);
+    it = jobs_.end();
+  }
   if (it == jobs_.end()) {
     if (jobs_.size() >= opt_.max_jobs)
       return resource_exhausted("The manager already tracks " + std::to_string(jobs_.size()) +
@@ -177,7 +183,7 @@ Result<RankAssignment> JobRegistry::join(const JoinArgs& a, std::uint64_t wait_m
     case JobState::refused:
       return jj.refusal;
     case JobState::failed:
-      return unavailable(jj.reason);
+      return jj.aborted ? jj.refusal : unavailable(jj.reason);
     case JobState::gathering:
       break;
   }
@@ -371,6 +377,40 @@ Status JobRegistry::leave(const std::string& job, std::uint32_t rank) {
   return Status::Ok();
 }
 
+Status JobRegistry::abort(const std::string& job, std::optional<std::uint32_t> rank,
+                          const std::string& why) {
+  if (!good_job_name(job))
+    return invalid_argument("A job name must be 1 to 128 letters, digits or . _ - : characters.");
+  if (why.empty()) return invalid_argument("An abort needs a reason.");
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) {
+    if (jobs_.size() >= opt_.max_jobs)
+      return resource_exhausted("The manager already tracks " + std::to_string(jobs_.size()) +
+                                " jobs; try again later.");
+    it = jobs_.emplace(job, Job{}).first;
+    it->second.params.job = job;
+  }
+  Job& j = it->second;
+  if (j.state == JobState::running)
+    return failed_precondition("Job '" + job +
+                               "' is running with all its ranks; a rank that cannot start is "
+                               "not one of them.");
+  // A reason of at most a few lines: it is repeated to every rank.
+  const std::string reason = why.size() > 1024 ? why.substr(0, 1024) + "..." : why;
+  if (!j.aborted) {
+    j.aborted = true;
+    j.aborted_rank = rank;
+    j.state = JobState::failed;
+    j.reason = (rank ? "Rank " + std::to_string(*rank) : std::string("A rank")) + " of job '" +
+               job + "' cannot start: " + reason + " Fix its environment and start the job again.";
+    j.refusal = invalid_argument(j.reason);
+  }
+  j.hold_until = now() + std::int64_t(opt_.abort_hold_ms);
+  cv_.notify_all();
+  return Status::Ok();
+}
+
 void JobRegistry::sweep() {
   std::lock_guard lock(mu_);
   const std::int64_t t = now();
@@ -399,7 +439,7 @@ void JobRegistry::sweep() {
     }
     const bool empty = j.ranks.empty() || std::all_of(j.ranks.begin(), j.ranks.end(),
                                                       [](auto& kv) { return kv.second.left; });
-    if (empty) {
+    if (j.aborted ? j.hold_until <= t : empty) {
       touch(it->first);
       remove_tree(j);
       it = jobs_.erase(it);

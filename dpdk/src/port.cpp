@@ -1,5 +1,7 @@
 #include "treeduce/dpdk/port.h"
 
+#include <rte_dev.h>
+#include <rte_devargs.h>
 #include <rte_errno.h>
 #include <rte_ether.h>
 #include <rte_mbuf.h>
@@ -93,6 +95,42 @@ Result<Mac> set_mac(std::uint16_t port, const PortRequest& req) {
   return out;
 }
 
+/// net_af_packet cuts frames longer than its ring frames (af_packet_max_mtu()): a port whose MTU
+/// its framesz cannot carry would come up, log its MTU and drop every larger frame as
+/// ip_bad_length. Refused here with the framesz it needs instead; a clamped MTU would only move
+/// the same drops to the hosts, whose payload size was chosen for the MTU asked.
+Status check_af_packet(const rte_eth_dev_info& info, const PortRequest& req, std::uint16_t mtu) {
+  if (info.driver_name == nullptr || std::strcmp(info.driver_name, "net_af_packet") != 0 ||
+      info.device == nullptr)
+    return Status::Ok();
+  const rte_devargs* da = rte_dev_devargs(info.device);
+  const std::uint32_t framesz =
+      af_packet_framesz(da != nullptr && da->args != nullptr ? da->args : "");
+  if (framesz == 0) return Status::Ok();  // the PMD refused it already
+  const std::string at =
+      "DPDK port '" + req.name + "' (net_af_packet, framesz=" + std::to_string(framesz) + ")";
+  if (mtu > af_packet_max_mtu(framesz)) {
+    // A multiple of 16 keeps ring frames aligned (TPACKET_ALIGNMENT).
+    const std::uint32_t need = (mtu + kAfPacketRxOffset + 15) / 16 * 16;
+    return failed_precondition(
+        at + " carries IP packets of at most " + std::to_string(af_packet_max_mtu(framesz)) +
+        " bytes (framesz - 80: the kernel writes each frame 66 bytes into a ring frame and cuts "
+        "what does not fit), but its MTU is " +
+        std::to_string(mtu) + ": give the vdev framesz=" + std::to_string(need) +
+        " or more (with blocksz a multiple of it), or the port an MTU of at most " +
+        std::to_string(af_packet_max_mtu(framesz)) + ".");
+  }
+  if (req.rx_pool != nullptr) {
+    const std::uint32_t room = rte_pktmbuf_data_room_size(req.rx_pool) - RTE_PKTMBUF_HEADROOM;
+    if (framesz - 32 > room)
+      return failed_precondition(
+          at + " copies up to framesz - 32 = " + std::to_string(framesz - 32) +
+          " bytes into one mbuf, but the mbufs hold " + std::to_string(room) +
+          ": give it framesz=" + std::to_string((room + 32) / 16 * 16) + " or less.");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::uint16_t> find_port(const std::string& name) {
@@ -134,6 +172,7 @@ Result<PortUp> start_port(std::uint16_t port, const rte_eth_dev_info& info,
   PortUp up;
   up.rx_queues = std::min(req.rx_queues, info.max_rx_queues);
   up.mtu = wanted_mtu(port, req);
+  if (Status s = check_af_packet(info, req, up.mtu); !s.ok()) return s;
   const rte_eth_conf conf = port_conf(info, req, up.rx_queues, up.mtu);
   up.configured_mtu = conf.rxmode.mtu;
   up.multi_seg_tx = (conf.txmode.offloads & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0;

@@ -206,7 +206,11 @@ tdr_result_t tdr_comm_create(const tdr_options_t* opt, tdr_comm_t** comm) {
     const treeduce::Status t = treeduce::host::parse_transport_environment(
         [](const char* n) { return std::getenv(n); }, &o.transport);
     if (!t.ok()) {
-      return static_cast<Result>(fail(nullptr, to_c(treeduce::host::to_result(t)), t.message()));
+      // The other ranks are told through the manager, as tdr_comm_create_from_env() does.
+      const std::string told =
+          treeduce::host::report_unstartable({o.manager, o.job, o.rank}, t.message());
+      return static_cast<Result>(
+          fail(nullptr, to_c(treeduce::host::to_result(t)), t.message() + " " + told));
     }
     return static_cast<Result>(create(o, comm));
   });

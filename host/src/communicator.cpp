@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <vector>
 
+#include "environment.h"
 #include "errors.h"
 #include "host_path.h"
 #include "manager_client.h"
@@ -126,9 +128,11 @@ class CommunicatorImpl final : public Communicator {
         tree_ = o.tree;
       } else {
         manager_.reset();
-        // The client's reason names the manager; say which one if it does not.
+        // The client's reason names the manager; say which one if it does not. A wrong request
+        // (another rank cannot start, a rank started twice) is the manager's sentence as is:
+        // the manager gave no tree because the job itself is wrong.
         std::string why = as_phrase(o.reason);
-        if (why.find(opt_.manager) == std::string::npos) {
+        if (why.find(opt_.manager) == std::string::npos && o.result != Result::invalid_argument) {
           why = "the Aggregation Manager at " + opt_.manager + " gave the job no tree" +
                 (why.empty() ? "" : ": " + why);
         }
@@ -332,8 +336,28 @@ class CommunicatorImpl final : public Communicator {
     ec.rto_max_ns = kRtoMaxNs;
     ec.max_retries = kMaxRetries;
     network_ = std::make_unique<NetworkLoop>(std::move(transport).value(), ec, t.leaf_address,
-                                             opt_.op_timeout_ms, stop_);
+                                             peers(), opt_.op_timeout_ms, stop_);
     return std::nullopt;
+  }
+
+  // What this rank knows of the others, for the sentence of a network that stopped answering: the
+  // manager's Join returned only once every rank had joined; a static tree knows nothing of them.
+  std::string peers() const {
+    const std::string n = std::to_string(opt_.world_size);
+    if (manager_) {
+      return "all " + n + " ranks joined job '" + opt_.job + "' at the Aggregation Manager at " +
+             opt_.manager;
+    }
+    if (opt_.world_size == 1) return {};
+    char key[32];
+    std::snprintf(key, sizeof key, "0x%llx", static_cast<unsigned long long>(tree_.key));
+    const std::string others =
+        opt_.world_size == 2
+            ? "whether the other rank"
+            : "which of the other " + std::to_string(opt_.world_size - 1) + " ranks";
+    return "with a static tree this rank cannot know " + others + " started: every rank of the " +
+           n + " must run with tree id " + std::to_string(tree_.tree_id) + ", key " + key +
+           " and its own child index, as the switch was configured";
   }
 
   // Runs one operation on the path it should take; one thread at a time (the request queue's).
@@ -396,6 +420,11 @@ class CommunicatorImpl final : public Communicator {
     }
     if (!failed) return treeduce::Status::Ok();
     failed->fatal = failed->fatal || stop_.load();
+    // The manager may know why the network went quiet (a switch of the tree failed).
+    if (std::string gone;
+        failed->code == Code::deadline_exceeded && manager_ && !manager_->tree_usable(&gone)) {
+      failed->why += "; the Aggregation Manager says: " + as_phrase(gone);
+    }
     return fall_back(o, decide_path(opt_.path, failed), keep ? saved_.data() : o.send);
   }
 
@@ -479,6 +508,39 @@ std::string manager_address_problem(const std::string& a) {
 }
 
 }  // namespace
+
+std::string report_unstartable(const UnstartableRank& who, const std::string& why) {
+  const std::string self = who.rank ? "Rank " + std::to_string(*who.rank) : "This rank";
+  if (who.manager.empty())
+    return "The other ranks cannot be told (no TREEDUCE_MANAGER): they find out only when their "
+           "operations time out.";
+  if (who.job.empty())
+    return "The other ranks cannot be told (no job name to tell the Aggregation Manager at " +
+           who.manager + "): they wait for this rank until their join timeout.";
+  if (const std::string bad = manager_address_problem(who.manager); !bad.empty())
+    return "The other ranks cannot be told: " + bad;
+  const std::string no = ManagerClient::make(who.manager)->abort(who.job, who.rank, why);
+  if (no.empty())
+    return self + " told the Aggregation Manager at " + who.manager + ", which fails job '" +
+           who.job + "' for every rank.";
+  return self + " could not tell the Aggregation Manager at " + who.manager + " (" + no +
+         "): the other ranks wait for it until their join timeout.";
+}
+
+Result options_from_environment(Options* out, std::string* error) {
+  if (out == nullptr) {
+    if (error != nullptr) *error = "options_from_environment needs an Options to fill.";
+    return Result::invalid_argument;
+  }
+  const EnvLookup env = [](const char* n) { return std::getenv(n); };
+  const treeduce::Status s = parse_environment(env, out);
+  // A rank that cannot start says so to the manager, so that the others fail now rather than
+  // wait for it (docs/host.md, "Environment").
+  std::string message = s.message();
+  if (!s.ok()) message += " " + report_unstartable(what_is_known(env), s.message());
+  if (error != nullptr) *error = message;
+  return to_result(s);
+}
 
 std::unique_ptr<Communicator> Communicator::create(const Options& opt, Result* result,
                                                    std::string* error) {

@@ -9,6 +9,7 @@
 // variable names keep the value *out had, so a caller can set its own defaults first. A process
 // with no rank, world size or job is an error rather than a job of one: N processes that each
 // believed they were alone would all run and silently compute the wrong thing.
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -17,6 +18,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "environment.h"
 #include "errors.h"
@@ -75,6 +77,168 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
   return treeduce::Status::Ok();
 }
 
+// A comma list of element types or operations ("f32,bf16", "all") as a mask, or why not.
+template <typename T, typename Parse>
+treeduce::Status name_mask(const Var& v, std::string_view list, Parse parse, std::uint32_t all,
+                           const char* what, std::uint32_t* out) {
+  if (list == "all") {
+    *out = all;
+    return treeduce::Status::Ok();
+  }
+  std::uint32_t m = 0;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string_view one = list.substr(at, end - at);
+    const std::optional<T> x = parse(one);
+    if (!x) {
+      return invalid_argument(std::string(v.name) + " is '" + v.value + "': '" + std::string(one) +
+                              "' is not " + what + " (a comma list of names, or all).");
+    }
+    m |= 1u << static_cast<unsigned>(*x);
+    at = end + 1;
+  }
+  *out = m;
+  return treeduce::Status::Ok();
+}
+
+// "a.b.c.d:port" with a port from 1 to 65535, or why not.
+treeduce::Status leaf_address(const Var& v) {
+  const auto colon = v.value.rfind(':');
+  in_addr ip{};
+  std::uint64_t port = 0;
+  if (colon == std::string::npos ||
+      inet_pton(AF_INET, v.value.substr(0, colon).c_str(), &ip) != 1 ||
+      !parse_number(v.name, std::string_view(v.value).substr(colon + 1), 1, 65535, &port).ok()) {
+    return invalid_argument(std::string(v.name) + " is '" + v.value +
+                            "', not the leaf switch's data address as IPv4:PORT "
+                            "(10.0.1.1:4791).");
+  }
+  return treeduce::Status::Ok();
+}
+
+// The static tree's variables (docs/host.md, "Environment"; TreeAssignment) into `*t`. A leaf
+// makes a static tree; the tree id, key and child index must then be given (a default would
+// make every rank child 0 of tree 0, which no switch was configured for); any of them without
+// a leaf is an error, and so is a leaf with a manager (a job takes its tree from one of them).
+treeduce::Status parse_static_tree(
+    const std::function<Var(std::initializer_list<const char*>)>& var, bool manager,
+    TreeAssignment* t) {
+  const Var leaf = var({"TREEDUCE_STATIC_LEAF"});
+  static constexpr const char* kOthers[] = {
+      "TREEDUCE_STATIC_TREE_ID", "TREEDUCE_STATIC_KEY",           "TREEDUCE_STATIC_CHILD_INDEX",
+      "TREEDUCE_STATIC_SLOTS",   "TREEDUCE_STATIC_PAYLOAD_BYTES", "TREEDUCE_STATIC_DTYPES",
+      "TREEDUCE_STATIC_OPS",     "TREEDUCE_STATIC_DETERMINISTIC", "TREEDUCE_STATIC_SWITCHES"};
+  if (!leaf.name) {
+    for (const char* n : kOthers)
+      if (var({n}).name)
+        return invalid_argument(std::string(n) +
+                                " is set but TREEDUCE_STATIC_LEAF is not: a static tree starts "
+                                "with its leaf switch's data address.");
+    return treeduce::Status::Ok();
+  }
+  if (manager)
+    return invalid_argument(
+        "TREEDUCE_MANAGER and TREEDUCE_STATIC_LEAF are both set; a job takes its tree from one of "
+        "them.");
+  TreeAssignment s = *t;
+  if (auto st = leaf_address(leaf); !st.ok()) return st;
+  s.leaf_address = leaf.value;
+  std::uint64_t x = 0;
+  for (const char* n :
+       {"TREEDUCE_STATIC_TREE_ID", "TREEDUCE_STATIC_KEY", "TREEDUCE_STATIC_CHILD_INDEX"})
+    if (!var({n}).name)
+      return invalid_argument(std::string(n) +
+                              " is not set; a static tree (TREEDUCE_STATIC_LEAF) needs its tree "
+                              "id, key and this rank's child index as the switch has them.");
+  if (auto st = number(var({"TREEDUCE_STATIC_TREE_ID"}), 0, 65535, &x); !st.ok()) return st;
+  s.tree_id = std::uint16_t(x);
+  {
+    const Var k = var({"TREEDUCE_STATIC_KEY"});
+    const bool hex =
+        k.value.size() > 2 && k.value[0] == '0' && (k.value[1] == 'x' || k.value[1] == 'X');
+    const std::string_view digits = std::string_view(k.value).substr(hex ? 2 : 0);
+    const char* end = digits.data() + digits.size();
+    auto [p, ec] = std::from_chars(digits.data(), end, x, hex ? 16 : 10);
+    if (ec != std::errc() || p != end || digits.empty())
+      return invalid_argument("TREEDUCE_STATIC_KEY is '" + k.value +
+                              "', not a 64-bit key (decimal, or hexadecimal after 0x).");
+    s.key = x;
+  }
+  if (auto st = number(var({"TREEDUCE_STATIC_CHILD_INDEX"}), 0, proto::kMaxChildren - 1, &x);
+      !st.ok())
+    return st;
+  s.child_index = std::uint16_t(x);
+  if (const Var v = var({"TREEDUCE_STATIC_SLOTS"}); v.name) {
+    if (auto st = number(v, 0, 4096, &x); !st.ok()) return st;
+    if (proto::check_slots(x))
+      return invalid_argument(std::string(v.name) + " is " + v.value +
+                              "; it must be a power of two from 1 to 4096.");
+    s.slots = std::uint32_t(x);
+  }
+  if (const Var v = var({"TREEDUCE_STATIC_PAYLOAD_BYTES"}); v.name) {
+    if (auto st = number(v, 0, 8192, &x); !st.ok()) return st;
+    if (proto::check_payload_bytes(x))
+      return invalid_argument(std::string(v.name) + " is " + v.value +
+                              "; it must be a power of two from 256 to 8192.");
+    s.payload_bytes = std::uint32_t(x);
+  }
+  if (const Var v = var({"TREEDUCE_STATIC_DTYPES"}); v.name) {
+    if (auto st = name_mask<DType>(v, v.value, parse_dtype, kAllDTypesMask, "an element type",
+                                   &s.dtype_mask);
+        !st.ok())
+      return st;
+  }
+  if (const Var v = var({"TREEDUCE_STATIC_OPS"}); v.name) {
+    if (auto st =
+            name_mask<ReduceOp>(v, v.value, parse_op, kAllOpsMask, "an operation", &s.op_mask);
+        !st.ok())
+      return st;
+  }
+  if (const Var v = var({"TREEDUCE_STATIC_DETERMINISTIC"}); v.name) {
+    if (auto st = number(v, 0, 1, &x); !st.ok()) return st;
+    s.deterministic = x != 0;
+  }
+  // The tree's switches, root first, for sentences that name the model that cannot reduce a
+  // pair: NAME:PROFILE[:DTYPES[:OPS]] separated by ';', the lists as above (default: the
+  // tree's own).
+  if (const Var v = var({"TREEDUCE_STATIC_SWITCHES"}); v.name) {
+    s.switches.clear();
+    std::string_view rest = v.value;
+    while (true) {
+      const std::size_t semi = std::min(rest.find(';'), rest.size());
+      const std::string_view one = rest.substr(0, semi);
+      std::vector<std::string_view> f;
+      for (std::size_t at = 0; at <= one.size();) {
+        const std::size_t c = std::min(one.find(':', at), one.size());
+        f.push_back(one.substr(at, c - at));
+        at = c + 1;
+      }
+      if (f.size() < 2 || f.size() > 4 || f[0].empty() || f[1].empty())
+        return invalid_argument("TREEDUCE_STATIC_SWITCHES is '" + v.value + "': '" +
+                                std::string(one) +
+                                "' is not NAME:PROFILE[:DTYPES[:OPS]] (switches separated by "
+                                "';', root first).");
+      TreeSwitch sw{std::string(f[0]), std::string(f[1]), s.dtype_mask, s.op_mask};
+      if (f.size() > 2)
+        if (auto st = name_mask<DType>(v, f[2], parse_dtype, kAllDTypesMask, "an element type",
+                                       &sw.dtype_mask);
+            !st.ok())
+          return st;
+      if (f.size() > 3)
+        if (auto st =
+                name_mask<ReduceOp>(v, f[3], parse_op, kAllOpsMask, "an operation", &sw.op_mask);
+            !st.ok())
+          return st;
+      s.switches.push_back(std::move(sw));
+      if (semi == rest.size()) break;
+      rest = rest.substr(semi + 1);
+    }
+  }
+  *t = std::move(s);
+  return treeduce::Status::Ok();
+}
+
 }  // namespace
 
 treeduce::Status parse_number(std::string_view name, std::string_view value, std::uint64_t min,
@@ -106,14 +270,24 @@ treeduce::Status parse_transport_environment(const EnvLookup& env, TransportOpti
   return s;
 }
 
-Result options_from_environment(Options* out, std::string* error) {
-  if (out == nullptr) {
-    if (error != nullptr) *error = "options_from_environment needs an Options to fill.";
-    return Result::invalid_argument;
-  }
-  const treeduce::Status s = parse_environment([](const char* n) { return std::getenv(n); }, out);
-  if (error != nullptr) *error = s.message();
-  return to_result(s);
+UnstartableRank what_is_known(const EnvLookup& env) {
+  const auto first_of = [&env](std::initializer_list<const char*> names) -> Var {
+    for (const char* n : names) {
+      const char* v = env(n);
+      if (v != nullptr && *v != '\0') return {n, v};
+    }
+    return {};
+  };
+  UnstartableRank u;
+  if (const Var v = first_of({"TREEDUCE_MANAGER"}); v.name) u.manager = v.value;
+  if (const Var v = first_of({"TREEDUCE_JOB", "TORCHELASTIC_RUN_ID"});
+      v.name && !(std::string_view(v.name) == "TORCHELASTIC_RUN_ID" && v.value == "none"))
+    u.job = v.value;
+  std::uint64_t r = 0;
+  if (const Var v = first_of({"TREEDUCE_RANK", "RANK", "OMPI_COMM_WORLD_RANK"});
+      v.name && number(v, 0, UINT32_MAX, &r).ok())
+    u.rank = std::uint32_t(r);
+  return u;
 }
 
 treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
@@ -215,6 +389,7 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
   if (const Var v = first_of({"TREEDUCE_FALLBACK_ADDRESS"}); v.name) o.fallback_address = v.value;
 
   if (auto s = parse_transport(first_of, &o.transport); !s.ok()) return s;
+  if (auto s = parse_static_tree(first_of, !o.manager.empty(), &o.static_tree); !s.ok()) return s;
 
   *out = std::move(o);
   return treeduce::Status::Ok();

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "treeduce/common/status.h"
@@ -19,6 +21,20 @@ using EnvLookup = std::function<const char*(const char*)>;
 /// Fields no variable names keep their value; on an error `*out` is unchanged and the Status
 /// (invalid_argument) names the variable.
 treeduce::Status parse_environment(const EnvLookup& env, Options* out);
+
+/// When parse_environment() fails: what the rank could still say of itself (the variables it
+/// names, each empty or unset when it is itself malformed), so that it can tell the manager.
+struct UnstartableRank {
+  std::string manager;                ///< TREEDUCE_MANAGER ("" = none)
+  std::string job;                    ///< TREEDUCE_JOB / TORCHELASTIC_RUN_ID ("" = none)
+  std::optional<std::uint32_t> rank;  ///< TREEDUCE_RANK / RANK / OMPI_COMM_WORLD_RANK
+};
+UnstartableRank what_is_known(const EnvLookup& env);
+
+/// Tells the manager that `who` cannot start, for `why` (JobService.Abort): the manager fails
+/// the job for every rank. Returns the sentence to add to the rank's own error: whether the
+/// others were told, and if not why. Defined with the communicator (it needs the manager client).
+std::string report_unstartable(const UnstartableRank& who, const std::string& why);
 
 /// Only the transport's variables (TREEDUCE_TRANSPORT, TREEDUCE_UDP_*, ...) into `*out`: for
 /// tdr_comm_create(), whose C options have no transport fields.

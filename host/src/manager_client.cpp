@@ -154,6 +154,23 @@ class GrpcManagerClient final : public ManagerClient {
     return usable_;
   }
 
+  std::string abort(const std::string& job, std::optional<std::uint32_t> rank,
+                    const std::string& why) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kLeaveDeadline);
+    pb::AbortRequest r;
+    r.set_job(job);
+    r.set_rank_known(rank.has_value());
+    r.set_rank(rank.value_or(0));
+    r.set_reason(why);
+    pb::AbortReply rep;
+    const grpc::Status s = stub_->Abort(&ctx, r, &rep);
+    if (s.ok()) return {};
+    std::string m = s.error_message().empty() ? "no reason was given" : s.error_message();
+    if (m.back() == '.') m.pop_back();
+    return m;
+  }
+
   HeartbeatCounts heartbeats() const override {
     std::lock_guard lock(mu_);
     return counts_;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "treeduce/host/communicator.h"
@@ -43,6 +44,11 @@ class ManagerClient {
   /// switch of the tree died), with the reason; the communicator then falls back.
   virtual bool tree_usable(std::string* reason) const = 0;
   virtual void leave() = 0;
+  /// This rank cannot start (JobService.Abort): the manager fails `job` for every rank with
+  /// `why`, a sentence naming the variable. `rank` unknown when its own variable is the bad one.
+  /// "" when the manager took it, else why not (a phrase). Bounded by a 2 s deadline.
+  virtual std::string abort(const std::string& job, std::optional<std::uint32_t> rank,
+                            const std::string& why) = 0;
 
   /// Heartbeats since the last join: sent, and answered by the manager (any state). Progress a
   /// caller can wait on instead of sleeping: a heartbeat counted as answered renewed the lease.

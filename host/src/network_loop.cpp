@@ -20,11 +20,12 @@ Obstacle failure(Code code, std::string why) { return Obstacle{code, std::move(w
 }  // namespace
 
 NetworkLoop::NetworkLoop(std::unique_ptr<Transport> transport, const EngineConfig& engine,
-                         std::string leaf_address, std::uint32_t op_timeout_ms,
+                         std::string leaf_address, std::string peers, std::uint32_t op_timeout_ms,
                          const std::atomic<bool>& stop)
     : transport_(std::move(transport)),
       engine_(engine),
       leaf_address_(std::move(leaf_address)),
+      peers_(std::move(peers)),
       op_timeout_ms_(op_timeout_ms),
       stop_(stop) {}
 
@@ -74,10 +75,7 @@ std::optional<Obstacle> NetworkLoop::run(const Operation& o) {
     case Status::done:
       return std::nullopt;
     case Status::timeout:
-      return failure(Code::deadline_exceeded,
-                     "the network stopped answering (leaf switch " + leaf_address_ +
-                         " or a switch above it: a chunk got no result after " +
-                         std::to_string(kMaxRetries) + " retransmissions, about 3.2 s)");
+      return failure(Code::deadline_exceeded, no_answer());
     case Status::refused:
       return failure(Code::failed_precondition,
                      "a switch refused the operation (NACK " +
@@ -89,6 +87,34 @@ std::optional<Obstacle> NetworkLoop::run(const Operation& o) {
     default:
       return failure(Code::internal, "the protocol engine stopped in an unexpected state");
   }
+}
+
+// What the rank knows when a chunk got no answer, and what to check, said as it is: whether the
+// leaf ever answered this communicator (then the route and the address worked, and something
+// stopped since), whether packets came for another tree or key (a static tree that differs from
+// the switch's), and what the communicator knows of the other ranks (`peers_`).
+std::string NetworkLoop::no_answer() const {
+  const EngineStats& st = engine_.stats();
+  const std::string ip = leaf_address_.substr(0, leaf_address_.rfind(':'));
+  std::string s = "the network stopped answering: a chunk sent to the leaf switch at " +
+                  leaf_address_ + " got no result after " + std::to_string(kMaxRetries) +
+                  " retransmissions (about 3.2 s at the default timeout); ";
+  if (st.results == 0) {
+    s += "no result ever came back to this rank, so check the route from this host to " + ip +
+         " (ip route get " + ip + "), that " + leaf_address_ +
+         " is the leaf switch's data address and that switch runs, and that every rank started";
+  } else {
+    s += std::to_string(st.results) +
+         " results had come back before (the route and the address worked), so the leaf, a "
+         "switch above it or another rank stopped";
+  }
+  if (st.ignored != 0) {
+    s += "; " + std::to_string(st.ignored) +
+         " packets came back for another tree, key or collective (are the tree id and key the "
+         "switch's?)";
+  }
+  if (!peers_.empty()) s += "; " + peers_;
+  return s;
 }
 
 }  // namespace treeduce::host

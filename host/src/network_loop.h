@@ -22,9 +22,12 @@ inline constexpr std::uint32_t kMaxRetries = 30;
 
 class NetworkLoop {
  public:
-  /// `leaf_address` names the leaf in sentences; `stop` is read during an operation.
+  /// `leaf_address` names the leaf in sentences; `peers` says what is known of the other ranks
+  /// (a phrase: "all 4 ranks joined at the Aggregation Manager at am:7000"), for the sentence of
+  /// a network that stopped answering; `stop` is read during an operation.
   NetworkLoop(std::unique_ptr<Transport> transport, const EngineConfig& engine,
-              std::string leaf_address, std::uint32_t op_timeout_ms, const std::atomic<bool>& stop);
+              std::string leaf_address, std::string peers, std::uint32_t op_timeout_ms,
+              const std::atomic<bool>& stop);
 
   /// Runs `o` in the network: nullopt when its result is in o.recv, else why not (a phrase and
   /// a code; the path policy decides what follows).
@@ -41,9 +44,13 @@ class NetworkLoop {
  private:
   static constexpr std::size_t kMaxBatch = 64;
 
+  /// Why a chunk got no result, and what to check (docs/host.md, "Logging").
+  std::string no_answer() const;
+
   std::unique_ptr<Transport> transport_;
   ProtocolEngine engine_;
   const std::string leaf_address_;
+  const std::string peers_;
   const std::uint32_t op_timeout_ms_;
   const std::atomic<bool>& stop_;
   bool broken_ = false;

@@ -469,6 +469,8 @@ TEST(ManagerProcess, KilledDaemonRestartsWithoutDisturbingTrees) {
 // not, 2 on usage errors; it reads the Query service and never creates a job.
 TEST_F(Grpc, DoctorSaysWhetherAJobWouldBeOffloadedAndWhyNot) {
   Fabric f(topo, addr);
+  // The topology's leaves (10.0.0.x) are not on this machine: no ping may leave it.
+  setenv("TREEDUCE_DOCTOR_PING", "0", 1);
   const std::string m = "--manager " + addr + " doctor ";
   auto [rc, out] = cli(m + "--job train --world 4 --host h0");
   EXPECT_EQ(rc, 0) << out;
@@ -576,4 +578,57 @@ TEST_F(Grpc, DoctorSaysWhetherAJobWouldBeOffloadedAndWhyNot) {
                .second.find("Switch spine0 (quantum2) is down") != std::string::npos;
   }));
   EXPECT_EQ(reg->jobs().size(), 1u);  // only 'train': doctor created nothing
+  unsetenv("TREEDUCE_DOCTOR_PING");
+}
+
+// `treeduce doctor` pings the leaf's data address from the host (ICMP echo, which treeduce
+// switches answer for it): the manager lists every switch's data address; a leaf that answers
+// is an `ok` line, one that does not or has no route is a `warning` naming the address and what
+// to check. Nothing leaves this machine: the answering leaf is 127.0.0.1, the others are tried
+// in a network namespace of the command's own (unshare -n), on a veth pair nobody answers on and
+// with no route at all.
+TEST_F(Grpc, DoctorPingsTheLeafSwitch) {
+  Fabric f(topo, addr);
+  auto q = pb::Query::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext c;
+  pb::SwitchList sl;
+  ASSERT_TRUE(q->ListSwitches(&c, pb::ListRequest(), &sl).ok());
+  for (const auto& s : sl.switches())
+    EXPECT_EQ(s.data_address(),
+              treeduce::ctl::to_string(topo.switches[std::size_t(topo.find_switch(s.name()))].data))
+        << s.name();
+  const auto run = [](const std::string& cmd) {
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    pclose(p);
+    return out;
+  };
+  const std::string bin = TREEDUCE_CLI_BIN;
+  std::string out = run("TREEDUCE_STATIC_LEAF=127.0.0.1:47110 " + bin + " --manager " + addr +
+                        " doctor --job reach --world 4");
+  EXPECT_NE(out.find("\nok       The leaf switch at 127.0.0.1 answers ICMP echo from this host.\n"),
+            std::string::npos)
+      << out;
+  if (run("unshare -n true") != "") GTEST_SKIP() << "no network namespace of our own (root)";
+  out =
+      run("unshare -n sh -c 'ip link add a0 type veth peer name b0 && ip addr add 10.99.0.1/24 dev "
+          "a0 && ip link set a0 up && ip link set b0 up && TREEDUCE_STATIC_LEAF=10.99.0.2:47110 " +
+          bin + " --manager 127.0.0.1:1 doctor --world 2; TREEDUCE_STATIC_LEAF=10.98.0.1 " + bin +
+          " --manager 127.0.0.1:1 doctor --world 2'");
+  EXPECT_NE(out.find("warning  The leaf switch's data address 10.99.0.2 did not answer 3 ICMP "
+                     "echo requests from this host: check the route to it (ip route get "
+                     "10.99.0.2), that 10.99.0.2 is the leaf's data address (data: in its "
+                     "configuration), and that the switch runs with a port on this host's link "
+                     "(ip neigh show 10.99.0.2 says whether it answered ARP); without it the "
+                     "in-network path fails and the ranks fall back.\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("warning  This host has no route to the leaf switch's data address "
+                     "10.98.0.1 (Network is unreachable): add one (ip route add 10.98.0.1 dev "
+                     "IFACE, or via a gateway) on the interface that faces the leaf; without it "
+                     "the in-network path fails and the ranks fall back.\n"),
+            std::string::npos)
+      << out;
 }

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "../support/test_support.h"
 #include "treeduce/control/registry.h"
 
 using namespace treeduce;
@@ -252,6 +253,52 @@ TEST_F(Fixture, RefusalReachesEveryRank) {
   auto hb = reg->heartbeat("big", 1);
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ(hb->state, JobState::refused);
+}
+
+// A rank that cannot start (a malformed environment) aborts its job: a rank waiting in Join gets
+// the reason at once, a rank that comes later gets it too, nothing is installed; the record
+// lasts abort_hold_ms (default 60 s), and the reporting rank's own Join starts the job afresh.
+TEST_F(Fixture, AbortFailsTheJobForEveryRankWithTheReason) {
+  const std::string why = "TREEDUCE_SLOTS is 3; it must be a power of two from 1 to 4096.";
+  const std::string sentence =
+      "Rank 2 of job 'ab' cannot start: " + why + " Fix its environment and start the job again.";
+  std::optional<Result<RankAssignment>> waiting;
+  std::thread t([&] { waiting = reg->join(args("ab", 0, 3, "h0-0", 5000), 600000); });
+  ASSERT_TRUE(treeduce::test_support::eventually([&] {
+    auto j = reg->jobs();
+    return j.size() == 1 && j[0].joined == 1;
+  }));
+  ASSERT_TRUE(reg->abort("ab", 2, why).ok());
+  t.join();  // woken by the abort: its wait was 10 minutes
+  ASSERT_TRUE(waiting.has_value());
+  EXPECT_EQ(waiting->status().code(), Code::invalid_argument);
+  EXPECT_EQ(waiting->status().message(), sentence);
+  auto later = reg->join(args("ab", 1, 3, "h0-1", 5001), 600000);
+  EXPECT_EQ(later.status().code(), Code::invalid_argument);
+  EXPECT_EQ(later.status().message(), sentence);
+  EXPECT_EQ(client.installs, 0);
+  ASSERT_EQ(reg->jobs().size(), 1u);
+  EXPECT_EQ(reg->jobs()[0].state, JobState::failed);
+  EXPECT_EQ(reg->jobs()[0].reason, sentence);
+  // Before any rank joined, and with the rank unknown (its own variable was the bad one).
+  ASSERT_TRUE(reg->abort("early", std::nullopt, "TREEDUCE_RANK is 'x', not a whole number.").ok());
+  EXPECT_EQ(reg->join(args("early", 0, 1, "h0-0"), 600000).status().message(),
+            "A rank of job 'early' cannot start: TREEDUCE_RANK is 'x', not a whole number. Fix "
+            "its environment and start the job again.");
+  // Kept through sweeps within the hold, gone after it.
+  clock += 1000 + 59000 - 1;
+  reg->sweep();
+  EXPECT_EQ(reg->jobs().size(), 2u);
+  clock += 2;
+  reg->sweep();
+  EXPECT_TRUE(reg->jobs().empty());
+  // The reporting rank joining again (fixed) clears the record and the job starts.
+  ASSERT_TRUE(reg->abort("fixed", 0, why).ok());
+  EXPECT_TRUE(reg->join(args("fixed", 0, 1, "h0-0"), 5000).ok());
+  // A running job is not aborted by a stranger; bad requests are refused.
+  EXPECT_EQ(reg->abort("fixed", 1, why).code(), Code::failed_precondition);
+  EXPECT_EQ(reg->abort("bad name!", 0, why).code(), Code::invalid_argument);
+  EXPECT_EQ(reg->abort("x", 0, "").code(), Code::invalid_argument);
 }
 
 TEST_F(Fixture, LeasesExpireAndFreeResources) {

@@ -6,7 +6,8 @@
 //
 //   treeduce-test-fallback-probe DTYPE OP COUNT [DTYPE OP]...
 // prints "path network|host", then per pair "offloads DTYPE OP 0|1", then "result ok|...",
-// "reason <Stats::fallback_reason>", "fallback_ops N", "network_ops N". Exit 0 when it ran.
+// "reason <Stats::fallback_reason>", "fallback_ops N", "network_ops N". Exit 0 when it ran; else
+// "environment <error>" (exit 2) or "create <result> <error>" (exit 1).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -32,13 +33,13 @@ int main(int argc, char** argv) {
   Options o;
   std::string error;
   if (options_from_environment(&o, &error) != Result::ok) {
-    std::fprintf(stderr, "%s\n", error.c_str());
+    std::printf("environment %s\n", error.c_str());
     return 2;
   }
   Result r = Result::internal;
   auto comm = Communicator::create(o, &r, &error);
   if (!comm) {
-    std::fprintf(stderr, "create: %s\n", error.c_str());
+    std::printf("create %s %s\n", to_string(r), error.c_str());
     return 1;
   }
   std::printf("path %s\n", comm->path() == Path::network ? "network" : "host");

@@ -26,7 +26,7 @@ static size_t size_of(int d) {
 }
 
 int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsigned short port,
-                        char* message, size_t message_len);
+                        const char* store, char* message, size_t message_len);
 
 #define CHECK(cond)                                                                             \
   do {                                                                                          \
@@ -39,7 +39,7 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   } while (0)
 
 int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsigned short port,
-                        char* message, size_t message_len) {
+                        const char* store, char* message, size_t message_len) {
   tdr_comm_t* comm = NULL;
   tdr_options_t opt;
   tdr_request_t req = 0;
@@ -166,6 +166,69 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
         NULL);
   CHECK(tdr_get_stats(comm, &stats) == tdr_ok);
   CHECK(stats.fallback_ops == 0);
+  tdr_comm_destroy(comm);
+  comm = NULL;
+
+  /* The fallback reasons docs/host.md promises, through the C API. Per call: a tree that reduces
+   * i32 only sends an f32 sum to the host path, and says so in tdr_fallback_reason(); the path
+   * stays the network's. */
+  tdr_options_init(&opt);
+  opt.job = "c-api-fallback";
+  opt.bind_address = bind_address;
+  opt.port = port;
+  opt.path = tdr_path_auto;
+  opt.fallback_store = store;
+  opt.static_leaf_address = leaf_address;
+  opt.static_tree_id = 7;
+  opt.static_key = 0x5eed1234abcd0001ull; /* nothing is sent: no slot of the run above reused */
+  opt.static_slots = 8;
+  opt.static_payload_bytes = 256;
+  opt.static_dtype_mask = 1u << tdr_i32;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_ok && comm != NULL);
+  CHECK(strcmp(tdr_fallback_reason(comm), "") == 0);
+  CHECK(tdr_offloads(comm, tdr_i32, tdr_sum) == 1 && tdr_offloads(comm, tdr_f32, tdr_sum) == 0);
+  {
+    float f[4] = {1, 2, 3, 4}, g[4] = {0, 0, 0, 0};
+    CHECK(tdr_allreduce(comm, f, g, 4, tdr_f32, tdr_sum) == tdr_ok);
+    CHECK(memcmp(f, g, sizeof f) == 0);
+  }
+  CHECK(strcmp(tdr_fallback_reason(comm),
+               "allreduce of 4 f32 sum on the host path: the tree (given without its switches' "
+               "models) does not reduce f32 sum") == 0);
+  CHECK(tdr_path(comm) == tdr_path_network);
+  CHECK(strcmp(tdr_path_reason(comm), "") == 0);
+  CHECK(tdr_get_stats(comm, &stats) == tdr_ok);
+  CHECK(stats.network_ops == 0 && stats.fallback_ops == 1 && stats.bytes == 16);
+  tdr_comm_destroy(comm);
+  comm = NULL;
+
+  /* At creation: no manager and no tree with tdr_path_auto is a fallback for good, the same
+   * sentence in tdr_path_reason() and tdr_fallback_reason(). */
+  tdr_options_init(&opt);
+  opt.job = "c-api-no-tree";
+  opt.path = tdr_path_auto;
+  opt.fallback_store = store;
+  opt.fallback_address = "127.0.0.1";
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_ok && comm != NULL);
+  CHECK(tdr_path(comm) == tdr_path_host);
+  CHECK(strcmp(tdr_path_reason(comm),
+               "no Aggregation Manager (TREEDUCE_MANAGER) and no static tree are set") == 0);
+  CHECK(strcmp(tdr_fallback_reason(comm), tdr_path_reason(comm)) == 0);
+  CHECK(tdr_barrier(comm) == tdr_ok);
+  CHECK(tdr_get_stats(comm, &stats) == tdr_ok);
+  CHECK(stats.network_ops == 0 && stats.fallback_ops == 1);
+  tdr_comm_destroy(comm);
+  comm = NULL;
+
+  /* Asked for, the host path is not a fallback: "" in tdr_fallback_reason(). */
+  opt.job = "c-api-host";
+  opt.path = tdr_path_host;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_ok && comm != NULL);
+  CHECK(strcmp(tdr_path_reason(comm), "host-side reduction was asked for (path = host)") == 0);
+  CHECK(strcmp(tdr_fallback_reason(comm), "") == 0);
+  CHECK(tdr_barrier(comm) == tdr_ok);
+  CHECK(tdr_get_stats(comm, &stats) == tdr_ok);
+  CHECK(stats.fallback_ops == 1);
   tdr_comm_destroy(comm);
   return 0;
 }

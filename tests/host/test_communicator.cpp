@@ -33,7 +33,8 @@ using namespace treeduce;
 using namespace treeduce::host;
 
 extern "C" int treeduce_test_c_api(const char* leaf_address, const char* bind_address,
-                                   unsigned short port, char* message, size_t message_len);
+                                   unsigned short port, const char* store, char* message,
+                                   size_t message_len);
 
 namespace {
 
@@ -496,10 +497,46 @@ TEST(Communicator, DeadSwitchTimesOutOnNetworkPath) {
         << comm->last_error();
     EXPECT_NE(comm->last_error().find("after 30 retransmissions"), std::string::npos)
         << comm->last_error();
+    // The leaf answered the first chunks: the route and the address worked.
+    EXPECT_NE(comm->last_error().find("results had come back before (the route and the address "
+                                      "worked), so the leaf, a switch above it or another rank "
+                                      "stopped"),
+              std::string::npos)
+        << comm->last_error();
     EXPECT_GE(comm->stats().retransmits, 30u) << "the timeout came from the retransmission bound";
     EXPECT_EQ(comm->stats().fallback_ops, 0u);
   });
   EXPECT_TRUE(sw.dead());
+}
+
+// A leaf that never answers (a wrong address, no route, a rank that never started: the switch
+// cannot complete a chunk): the sentence says that nothing ever came back, names the route and the
+// address to check, and what this rank knows of the others (a static tree: nothing, and what
+// they must agree on). A leaf that answered before says that instead.
+TEST(Communicator, SilentLeafSaysWhatToCheck) {
+  constexpr std::uint32_t kWorld = 2;
+  FakeSwitch sw({.world = kWorld, .die_after = 0});
+  run_ranks(kWorld, [&](std::uint32_t rank) {
+    auto comm = make(sw.options(rank, "silent-leaf", Path::network));
+    ASSERT_NE(comm, nullptr);
+    EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 1000, 0}, false, Result::timeout));
+    const std::string e = comm->last_error();
+    const std::string leaf = sw.leaf_address();
+    const std::string ip = leaf.substr(0, leaf.rfind(':'));
+    for (const std::string& part :
+         {"The network stopped answering: a chunk sent to the leaf switch at " + leaf +
+              " got no result after 30 retransmissions",
+          "no result ever came back to this rank, so check the route from this host to " + ip +
+              " (ip route get " + ip + "), that " + leaf +
+              " is the leaf switch's data address and that switch runs, and that every rank "
+              "started",
+          std::string("with a static tree this rank cannot know whether the other rank started: "
+                      "every rank of the 2 must run with tree id ") +
+              std::to_string(kTreeId)}) {
+      EXPECT_NE(e.find(part), std::string::npos) << "missing: " << part << "\nin: " << e;
+    }
+    EXPECT_EQ(e.find("results had come back before"), std::string::npos) << e;
+  });
 }
 
 // Path::auto: the same failure falls back to host-side reduction, with the same inputs (in
@@ -787,6 +824,8 @@ TEST(Communicator, UnreachableManager) {
     EXPECT_NE(comm->path_reason().find(manager), std::string::npos) << comm->path_reason();
     EXPECT_TRUE(run_case(*comm, {DType::f16, ReduceOp::min, 500, 0}, false));
     EXPECT_EQ(comm->stats().fallback_ops, 1u);
+    // The fallback at creation is the stats' reason too (docs/host.md, section 5).
+    EXPECT_EQ(comm->stats().fallback_reason, comm->path_reason());
   });
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("treeduce: warning: rank 1 falls back to host-side reduction: the "
@@ -806,6 +845,13 @@ TEST(Communicator, NetworkPathWithoutTreeIsUnavailable) {
   EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
   EXPECT_EQ(r, Result::unavailable);
   EXPECT_NE(error.find("no static tree"), std::string::npos) << error;
+}
+
+// The public entry point: no Options to fill is a sentence, not a crash.
+TEST(Communicator, OptionsFromEnvironmentNeedsOptions) {
+  std::string err;
+  EXPECT_EQ(options_from_environment(nullptr, &err), Result::invalid_argument);
+  EXPECT_EQ(err, "options_from_environment needs an Options to fill.");
 }
 
 // --- Transport -----------------------------------------------------------------------------------
@@ -884,10 +930,11 @@ INSTANTIATE_TEST_SUITE_P(Offloads, UdpTransportTest, ::testing::Bool());
 
 TEST(CApi, AllreduceAndErrors) {
   FakeSwitch sw({.world = 1});
-  char message[256] = "";
+  TempDir store;
+  char message[512] = "";
   const Options o = sw.options(0, "c-api", Path::network);
   EXPECT_EQ(treeduce_test_c_api(o.static_tree.leaf_address.c_str(), o.bind_address.c_str(), o.port,
-                                message, sizeof message),
+                                store.path().c_str(), message, sizeof message),
             0)
       << message;
 }

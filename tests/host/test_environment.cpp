@@ -7,13 +7,14 @@
 #include <climits>
 #include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "environment.h"
 #include "treeduce/host/communicator.h"
 
 using treeduce::Code;
 using treeduce::host::Options;
-using treeduce::host::options_from_environment;
 using treeduce::host::parse_environment;
 using treeduce::host::parse_number;
 using treeduce::host::parse_transport_environment;
@@ -21,6 +22,7 @@ using treeduce::host::Path;
 using treeduce::host::Result;
 using treeduce::host::TransportKind;
 using treeduce::host::TransportOptions;
+using treeduce::host::what_is_known;
 
 namespace {
 
@@ -280,10 +282,156 @@ TEST_F(Environment, NumbersAreWholeAndInRange) {
   EXPECT_EQ(x, UINT64_MAX);
 }
 
-// The public entry point reads the process's environment through the same parser; its edge
-// maps the Status to a Result and the sentence.
-TEST(EnvironmentEdge, OptionsFromEnvironmentMapsTheStatus) {
-  std::string err;
-  EXPECT_EQ(options_from_environment(nullptr, &err), Result::invalid_argument);
-  EXPECT_EQ(err, "options_from_environment needs an Options to fill.");
+// What a rank whose environment is malformed can still say of itself, to tell the manager
+// (docs/host.md, "Environment"): the manager, the job and the rank, each only when it is itself
+// well formed.
+TEST_F(Environment, WhatABadRankStillKnows) {
+  set("TREEDUCE_MANAGER", "am:7000");
+  set("TREEDUCE_JOB", "j1");
+  set("TREEDUCE_RANK", "3");
+  set("TREEDUCE_WORLD_SIZE", "4");
+  set("TREEDUCE_SLOTS", "3");
+  Options o;
+  EXPECT_EQ(parse(&o).message(), "TREEDUCE_SLOTS is 3; it must be a power of two from 1 to 4096.");
+  auto u = what_is_known(lookup());
+  EXPECT_EQ(u.manager, "am:7000");
+  EXPECT_EQ(u.job, "j1");
+  ASSERT_TRUE(u.rank.has_value());
+  EXPECT_EQ(*u.rank, 3u);
+  set("TREEDUCE_RANK", "three");
+  vars.erase("TREEDUCE_JOB");
+  set("TORCHELASTIC_RUN_ID", "none");  // torchrun's placeholder is no job name
+  u = what_is_known(lookup());
+  EXPECT_FALSE(u.rank.has_value());
+  EXPECT_EQ(u.job, "");
+  vars.clear();
+  set("RANK", "2");
+  set("TORCHELASTIC_RUN_ID", "run7");
+  u = what_is_known(lookup());
+  EXPECT_EQ(u.manager, "");
+  EXPECT_EQ(u.job, "run7");
+  EXPECT_EQ(u.rank.value_or(99), 2u);
+}
+
+// A static tree from the environment (TreeAssignment's every field a launcher can know): the
+// leaf, tree id, key (decimal or 0x), child index, slots, payload, the types and operations it
+// reduces, deterministic mode and its switches' models.
+TEST_F(Environment, StaticTreeVariablesFillTheStaticTree) {
+  set("TREEDUCE_JOB", "st");
+  set("TREEDUCE_RANK", "1");
+  set("TREEDUCE_WORLD_SIZE", "2");
+  set("TREEDUCE_STATIC_LEAF", "10.0.1.1:4791");
+  set("TREEDUCE_STATIC_TREE_ID", "65535");
+  set("TREEDUCE_STATIC_KEY", "0x1234abcd");
+  set("TREEDUCE_STATIC_CHILD_INDEX", "63");
+  set("TREEDUCE_STATIC_SLOTS", "64");
+  set("TREEDUCE_STATIC_PAYLOAD_BYTES", "4096");
+  set("TREEDUCE_STATIC_DTYPES", "i32,u32");
+  set("TREEDUCE_STATIC_OPS", "sum,min,max");
+  set("TREEDUCE_STATIC_DETERMINISTIC", "1");
+  set("TREEDUCE_STATIC_SWITCHES", "leaf0:tofino;spine0:quantum2:all:all");
+  Options o;
+  const treeduce::Status s = parse(&o);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const auto& t = o.static_tree;
+  EXPECT_EQ(t.leaf_address, "10.0.1.1:4791");
+  EXPECT_EQ(t.tree_id, 65535);
+  EXPECT_EQ(t.key, 0x1234abcdu);
+  EXPECT_EQ(t.child_index, 63);
+  EXPECT_EQ(t.slots, 64u);
+  EXPECT_EQ(t.payload_bytes, 4096u);
+  const std::uint32_t ints = 1u << int(treeduce::DType::i32) | 1u << int(treeduce::DType::u32);
+  const std::uint32_t ops = 1u << int(treeduce::ReduceOp::sum) |
+                            1u << int(treeduce::ReduceOp::min) | 1u << int(treeduce::ReduceOp::max);
+  EXPECT_EQ(t.dtype_mask, ints);
+  EXPECT_EQ(t.op_mask, ops);
+  EXPECT_TRUE(t.deterministic);
+  ASSERT_EQ(t.switches.size(), 2u);
+  EXPECT_EQ(t.switches[0].name, "leaf0");
+  EXPECT_EQ(t.switches[0].profile, "tofino");
+  EXPECT_EQ(t.switches[0].dtype_mask, ints) << "a switch without lists has the tree's";
+  EXPECT_EQ(t.switches[0].op_mask, ops);
+  EXPECT_EQ(t.switches[1].name, "spine0");
+  EXPECT_EQ(t.switches[1].dtype_mask, treeduce::kAllDTypesMask);
+  EXPECT_EQ(t.switches[1].op_mask, treeduce::kAllOpsMask);
+  // Decimal keys, and the defaults of what is not given.
+  set("TREEDUCE_STATIC_KEY", "18446744073709551615");
+  for (const char* v :
+       {"TREEDUCE_STATIC_SLOTS", "TREEDUCE_STATIC_PAYLOAD_BYTES", "TREEDUCE_STATIC_DTYPES",
+        "TREEDUCE_STATIC_OPS", "TREEDUCE_STATIC_DETERMINISTIC", "TREEDUCE_STATIC_SWITCHES"})
+    vars.erase(v);
+  Options d;
+  ASSERT_TRUE(parse(&d).ok());
+  EXPECT_EQ(d.static_tree.key, UINT64_MAX);
+  EXPECT_EQ(d.static_tree.slots, 16u);
+  EXPECT_EQ(d.static_tree.payload_bytes, 1024u);
+  EXPECT_EQ(d.static_tree.dtype_mask, treeduce::kAllDTypesMask);
+  EXPECT_FALSE(d.static_tree.deterministic);
+  EXPECT_TRUE(d.static_tree.switches.empty());
+}
+
+TEST_F(Environment, BadStaticTreeValuesSaySo) {
+  const auto base = [this] {
+    vars.clear();
+    set("TREEDUCE_JOB", "st");
+    set("TREEDUCE_RANK", "0");
+    set("TREEDUCE_WORLD_SIZE", "2");
+    set("TREEDUCE_STATIC_LEAF", "10.0.1.1:4791");
+    set("TREEDUCE_STATIC_TREE_ID", "7");
+    set("TREEDUCE_STATIC_KEY", "99");
+    set("TREEDUCE_STATIC_CHILD_INDEX", "0");
+  };
+  const std::vector<std::tuple<const char*, const char*, std::string>> cases = {
+      {"TREEDUCE_STATIC_LEAF", "10.0.1.1",
+       "TREEDUCE_STATIC_LEAF is '10.0.1.1', not the leaf switch's data address as IPv4:PORT "
+       "(10.0.1.1:4791)."},
+      {"TREEDUCE_STATIC_LEAF", "leaf0:4791", "not the leaf switch's data address"},
+      {"TREEDUCE_STATIC_LEAF", "10.0.1.1:0", "not the leaf switch's data address"},
+      {"TREEDUCE_STATIC_TREE_ID", "65536",
+       "TREEDUCE_STATIC_TREE_ID is '65536', not a whole number from 0 to 65535."},
+      {"TREEDUCE_STATIC_KEY", "0xg",
+       "TREEDUCE_STATIC_KEY is '0xg', not a 64-bit key (decimal, or hexadecimal after 0x)."},
+      {"TREEDUCE_STATIC_KEY", "18446744073709551616", "not a 64-bit key"},
+      {"TREEDUCE_STATIC_KEY", "-1", "not a 64-bit key"},
+      {"TREEDUCE_STATIC_CHILD_INDEX", "64",
+       "TREEDUCE_STATIC_CHILD_INDEX is '64', not a whole number from 0 to 63."},
+      {"TREEDUCE_STATIC_SLOTS", "12",
+       "TREEDUCE_STATIC_SLOTS is 12; it must be a power of two from 1 to 4096."},
+      {"TREEDUCE_STATIC_PAYLOAD_BYTES", "128",
+       "TREEDUCE_STATIC_PAYLOAD_BYTES is 128; it must be a power of two from 256 to 8192."},
+      {"TREEDUCE_STATIC_DTYPES", "f32,f33",
+       "TREEDUCE_STATIC_DTYPES is 'f32,f33': 'f33' is not an element type (a comma list of "
+       "names, or all)."},
+      {"TREEDUCE_STATIC_OPS", "sum,", "TREEDUCE_STATIC_OPS is 'sum,': '' is not an operation"},
+      {"TREEDUCE_STATIC_DETERMINISTIC", "yes",
+       "TREEDUCE_STATIC_DETERMINISTIC is 'yes', not a whole number from 0 to 1."},
+      {"TREEDUCE_STATIC_SWITCHES", "leaf0",
+       "TREEDUCE_STATIC_SWITCHES is 'leaf0': 'leaf0' is not NAME:PROFILE[:DTYPES[:OPS]] "
+       "(switches separated by ';', root first)."},
+      {"TREEDUCE_STATIC_SWITCHES", "leaf0:tofino:i32:sum:x", "is not NAME:PROFILE"},
+      {"TREEDUCE_STATIC_SWITCHES", "leaf0:tofino:i33", "'i33' is not an element type"},
+      {"TREEDUCE_MANAGER", "am:7000",
+       "TREEDUCE_MANAGER and TREEDUCE_STATIC_LEAF are both set; a job takes its tree from one of "
+       "them."},
+  };
+  for (const auto& [var, value, needle] : cases) {
+    SCOPED_TRACE(std::string(var) + "=" + value);
+    base();
+    set(var, value);
+    expect_error(needle);
+  }
+  // The tree id, key and child index are required with a leaf; nothing static without one.
+  for (const char* missing :
+       {"TREEDUCE_STATIC_TREE_ID", "TREEDUCE_STATIC_KEY", "TREEDUCE_STATIC_CHILD_INDEX"}) {
+    base();
+    vars.erase(missing);
+    expect_error(std::string(missing) +
+                 " is not set; a static tree (TREEDUCE_STATIC_LEAF) needs its tree id, key and "
+                 "this rank's child index as the switch has them.");
+  }
+  base();
+  vars.erase("TREEDUCE_STATIC_LEAF");
+  expect_error(
+      "TREEDUCE_STATIC_TREE_ID is set but TREEDUCE_STATIC_LEAF is not: a static tree starts with "
+      "its leaf switch's data address.");
 }

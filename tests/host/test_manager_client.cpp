@@ -335,3 +335,50 @@ TEST_F(ManagerClientTest, HostPathCallNamesTheSwitchModelThatCannotReduceIt) {
       << out;
   EXPECT_NE(out.find("fallback_ops 1\nnetwork_ops 0\n"), std::string::npos) << out;
 }
+
+// A rank whose environment is malformed (TREEDUCE_SLOTS=3) cannot make a communicator; it tells
+// the manager before it gives up, and the manager fails the job: the good rank's creation,
+// waiting in Join for the bad rank, ends at once with a sentence naming the rank and the
+// variable (invalid_argument: a launcher's mistake is not a reason to fall back). Before the
+// manager knew of it, the good rank waited its whole join timeout (30 s), then fell back to the
+// host path, whose rendezvous waited for the bad rank until Gloo's timeout: no sentence named
+// the rank or the variable. Either order of arrival.
+TEST_F(ManagerClientTest, MalformedEnvironmentOnOneRankFailsCreationOnEveryRank) {
+  start();
+  for (const bool bad_first : {false, true}) {
+    const std::string job = bad_first ? "bad-env-first" : "bad-env-last";
+    const std::string store = "/tmp/treeduce-test-probe-" + job + std::to_string(getpid());
+    const std::vector<std::string> common = {"TREEDUCE_MANAGER=" + addr, "TREEDUCE_JOB=" + job,
+                                             "TREEDUCE_WORLD_SIZE=2", "TREEDUCE_PATH=auto",
+                                             "TREEDUCE_FALLBACK_STORE=" + store};
+    std::vector<std::string> good = common, bad = common;
+    for (const char* kv : {"TREEDUCE_RANK=0", "TREEDUCE_HOST=h0", "TREEDUCE_PORT=29980"})
+      good.push_back(kv);
+    for (const char* kv :
+         {"TREEDUCE_RANK=1", "TREEDUCE_HOST=h1", "TREEDUCE_PORT=29981", "TREEDUCE_SLOTS=3"})
+      bad.push_back(kv);
+    std::pair<int, std::string> g, b;
+    if (bad_first) {
+      b = run_probe(bad, {"f32", "sum", "16"});
+      g = run_probe(good, {"f32", "sum", "16"});
+    } else {
+      // The good rank first, so that it waits in Join when the report comes.
+      std::thread t([&] { g = run_probe(good, {"f32", "sum", "16"}); });
+      ASSERT_TRUE(eventually([&] {
+        for (const auto& v : reg->jobs())
+          if (v.job == job && v.joined == 1) return true;
+        return false;
+      }));
+      b = run_probe(bad, {"f32", "sum", "16"});
+      t.join();
+    }
+    std::filesystem::remove_all(store);
+    const std::string why = "TREEDUCE_SLOTS is 3; it must be a power of two from 1 to 4096.";
+    EXPECT_EQ(b.first, 2) << b.second;
+    EXPECT_EQ(b.second, "environment " + why + " Rank 1 told the Aggregation Manager at " + addr +
+                            ", which fails job '" + job + "' for every rank.\n");
+    EXPECT_EQ(g.first, 1) << g.second;
+    EXPECT_EQ(g.second, "create invalid_argument Rank 1 of job '" + job + "' cannot start: " + why +
+                            " Fix its environment and start the job again.\n");
+  }
+}

@@ -78,7 +78,7 @@ TEST(SwitchConfig, DocExampleLoads) {
   EXPECT_EQ(c.ports[1].ip, 0x0A0100FEu);
   EXPECT_EQ(c.ports[1].prefix, 24);
   EXPECT_EQ(c.ports[1].mac, (Mac{2, 0, 0, 0, 0, 1}));
-  EXPECT_EQ(c.ports[1].mtu, 9000u);
+  EXPECT_EQ(c.ports[1].mtu, 8400u);
   ASSERT_EQ(c.neighbors.size(), 1u);
   EXPECT_EQ(c.neighbors[0].ip, 0x0A020002u);
   EXPECT_EQ(c.neighbors[0].mac, (Mac{2, 0, 0, 0, 1, 0}));

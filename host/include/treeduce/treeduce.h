@@ -197,7 +197,8 @@ tdr_result_t tdr_comm_size(const tdr_comm_t* comm, uint32_t* size);
 int tdr_offloads(const tdr_comm_t* comm, tdr_dtype_t dtype, tdr_op_t op);
 
 /**
- * The last fallback's reason ("" when collectives never left the network), the per-call one
+ * The last fallback's reason ("" when no fallback was taken; the host path asked for is not a
+ * fallback: tdr_path_reason() says so), the per-call one
  * for a pair the tree cannot reduce ("allreduce of 1024 f64 sum on the host path: switch 'leaf0'
  * (profile tofino) does not reduce f64 sum"). Valid until the calling thread's next call of it.
  */

@@ -142,6 +142,9 @@ struct RegistryOptions {
   /// After a restart, ranks and switches get at least this long to check in again: agents and
   /// hosts back off while the manager is away (gRPC reconnects after up to seconds).
   std::uint64_t restore_grace_ms = 15000;
+  /// How long a job a rank aborted (JobRegistry::abort) is remembered: longer than a launcher's
+  /// spread between its ranks' starts, short enough that a corrected job may reuse the name.
+  std::uint64_t abort_hold_ms = 60000;
 };
 
 /// The job registry.
@@ -155,6 +158,13 @@ class JobRegistry {
   Result<JobView> heartbeat(const std::string& job, std::uint32_t rank);
   /// A rank leaves; the last one out ends the job and removes its tree.
   Status leave(const std::string& job, std::uint32_t rank);
+  /// A rank that cannot start (JobService.Abort; `rank` unknown when its own variable is the
+  /// malformed one) fails its gathering job for every rank: joins waiting or to come return
+  /// invalid_argument "Rank R of job 'J' cannot start: <why> Fix its environment and start the
+  /// job again." The job is kept (in memory only) for RegistryOptions::abort_hold_ms, a job not
+  /// yet known too, so that ranks starting after the report learn it; the reporting rank's own
+  /// Join (a fixed restart) clears it. failed_precondition when the job is running.
+  Status abort(const std::string& job, std::optional<std::uint32_t> rank, const std::string& why);
 
   /// A switch agent announces itself (and optionally its real limits).
   Status register_switch(const std::string& name, const std::string& agent,
@@ -203,6 +213,10 @@ class JobRegistry {
     std::map<std::uint32_t, Rank> ranks;
     std::optional<Allocation> tree;
     std::uint64_t key = 0;
+    /// A rank reported it cannot start (abort()): every join gets `refusal` until hold_until.
+    bool aborted = false;
+    std::optional<std::uint32_t> aborted_rank;
+    std::int64_t hold_until = 0;
   };
   struct Sw {
     bool registered = false;

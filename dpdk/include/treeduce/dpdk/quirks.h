@@ -5,8 +5,10 @@
 
 #include <rte_mempool.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 
 namespace treeduce::dpdk {
 
@@ -21,6 +23,41 @@ inline std::uint16_t configurable_mtu(const char* driver, std::uint32_t max_rx_p
                                                    std::strcmp(driver, "net_memif") == 0);
   if (!under_reports || wanted + kL2 <= max_rx_pktlen || max_rx_pktlen <= kL2) return wanted;
   return static_cast<std::uint16_t>(max_rx_pktlen - kL2);
+}
+
+/// net_af_packet's ring frames (its framesz= argument, 2048 by default) bound the frames it
+/// carries whatever the MTU says. The kernel writes a received frame at offset 66 of a ring frame
+/// (TPACKET_ALIGN(52-byte tpacket2 header and sockaddr_ll + 16) - 14) and cuts what does not fit:
+/// the PMD then hands over a frame shorter than its IP header says, which the switch drops as
+/// ip_bad_length. So IP packets of up to framesz - 80 bytes arrive whole: the largest MTU a
+/// port with `framesz` carries (DPDK 22.11 drivers/net/af_packet, Linux af_packet.c
+/// tpacket_rcv()). The PMD itself only checks that framesz - 32 bytes fit an mbuf.
+inline constexpr std::uint32_t kAfPacketRxOffset = 80;
+inline constexpr std::uint32_t kAfPacketDefaultFramesz = 2048;
+inline std::uint32_t af_packet_max_mtu(std::uint32_t framesz) {
+  return framesz > kAfPacketRxOffset ? framesz - kAfPacketRxOffset : 0;
+}
+
+/// The framesz= of a net_af_packet vdev's arguments ("iface=veth0,qpairs=2,framesz=8480"): the
+/// PMD's default when it is absent, 0 when it is not a number (the PMD refuses such a vdev).
+inline std::uint32_t af_packet_framesz(std::string_view args) {
+  constexpr std::string_view key = "framesz=";
+  for (std::size_t at = 0; at < args.size();) {
+    const std::size_t end = std::min(args.find(',', at), args.size());
+    const std::string_view kv = args.substr(at, end - at);
+    if (kv.substr(0, key.size()) == key) {
+      std::uint32_t v = 0;
+      const std::string_view digits = kv.substr(key.size());
+      if (digits.empty() || digits.size() > 9) return 0;
+      for (char c : digits) {
+        if (c < '0' || c > '9') return 0;
+        v = v * 10 + static_cast<std::uint32_t>(c - '0');
+      }
+      return v;
+    }
+    at = end + 1;
+  }
+  return kAfPacketDefaultFramesz;
 }
 
 /// Touches every page of a pool's memory once. Without hugepages (--no-huge) the EAL's memory is

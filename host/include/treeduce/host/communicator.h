@@ -114,7 +114,8 @@ struct Options {
   /// and bind_address.
   std::string fallback_store;
   std::string fallback_address;
-  /// A tree given directly (tests, static trees): no manager. Used when `manager` is empty and
+  /// A tree given directly (tests, static trees; TREEDUCE_STATIC_* in
+  /// options_from_environment()): no manager. Used when `manager` is empty and
   /// `static_tree.leaf_address` is not.
   TreeAssignment static_tree;
   /// The network path's transport.
@@ -125,10 +126,13 @@ struct Options {
 /// TREEDUCE_BIND (bind_address), TREEDUCE_PORT, TREEDUCE_SLOTS, TREEDUCE_PAYLOAD_BYTES,
 /// TREEDUCE_RTO_US, TREEDUCE_PATH (auto|network|host),
 /// TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, the transport's variables
-/// (TransportOptions), and the launchers' RANK/WORLD_SIZE (torchrun) and
-/// OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI) when treeduce's own are not set. Returns
-/// invalid_argument with the variable named in
-/// `*error`.
+/// (TransportOptions), a static tree's (TREEDUCE_STATIC_LEAF, _TREE_ID, _KEY, _CHILD_INDEX,
+/// _SLOTS, _PAYLOAD_BYTES, _DTYPES, _OPS, _DETERMINISTIC, _SWITCHES into static_tree), and the
+/// launchers' RANK/WORLD_SIZE (torchrun) and OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI)
+/// when treeduce's own are not set. Returns invalid_argument with the variable named in `*error`;
+/// then, when the variables still name a manager and a job, it has told the manager, which fails
+/// the job for every other rank at once (docs/host.md, "Environment"), and `*error` says whether
+/// that worked.
 Result options_from_environment(Options* out, std::string* error);
 
 /// Why the last collective (or creation) went the way it did, and what is counted.
