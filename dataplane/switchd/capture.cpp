@@ -24,8 +24,8 @@ Status Switch::Impl::create_capture() {
   if (!cfg.faults) return Status::Ok();
   const int socket = static_cast<int>(rte_socket_id());
   cap_pool = rte_pktmbuf_pool_create("td_cap", kCaptureMbufs, 256, 0, 0, socket);
-  cap_ring = rte_ring_create_elem("td_cap", sizeof(CaptureRec), kCaptureRing, socket,
-                                  RING_F_SC_DEQ);
+  cap_ring =
+      rte_ring_create_elem("td_cap", sizeof(CaptureRec), kCaptureRing, socket, RING_F_SC_DEQ);
   if (cap_pool == nullptr || cap_ring == nullptr)
     return resource_exhausted("cannot create the capture pool and ring.");
   return Status::Ok();
@@ -101,9 +101,9 @@ Status Switch::start_capture(const std::string& port, const std::string& path) {
   f->dead = pcap_open_dead(DLT_EN10MB, 65535);
   if (f->dead != nullptr) f->dumper = pcap_dump_open(f->dead, path.c_str());
   if (f->dumper == nullptr)
-    return invalid_argument("Switch " + s.cfg.name + " cannot write '" + path + "': " +
-                            (f->dead != nullptr ? pcap_geterr(f->dead) : std::strerror(ENOMEM)) +
-                            ".");
+    return invalid_argument(
+        "Switch " + s.cfg.name + " cannot write '" + path +
+        "': " + (f->dead != nullptr ? pcap_geterr(f->dead) : std::strerror(ENOMEM)) + ".");
   f->buf.resize(65536);
   clock_gettime(CLOCK_REALTIME, &f->t0);
   f->tsc0 = rte_rdtsc();
