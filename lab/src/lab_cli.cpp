@@ -179,6 +179,21 @@ unsigned long long proc_start(pid_t pid, bool* zombie = nullptr) {
   return std::strtoull(fields[19].c_str(), nullptr, 10);
 }
 
+/// Resident memory of `pid` in KiB (VmRSS), 0 if gone.
+long rss_kib(pid_t pid) {
+  std::istringstream in(read_file("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("VmRSS:", 0) == 0) return std::atol(l.c_str() + 6);
+  }
+  return 0;
+}
+
+std::string mib(long kib) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", double(kib) / 1024);
+  return b;
+}
+
 /// 1 while `pid` is a running child of this process, 0 once it has exited (reaped here), -1 when
 /// it is not our child. During `lab up` the lab's processes are its children: a child's pid
 /// cannot be recycled before it is reaped, and its cmdline is not yet argv before it has exec'd.
@@ -466,7 +481,7 @@ struct UpArgs {
   std::uint32_t fat_tree = 0;
   int leaf = 0;
   int mtu = 1500;
-  int dpdk_mem_mb = 64;
+  int dpdk_mem_mb = 0;  ///< 0: by port count (dpdk_mem_for)
   int idle_sleep_us = 200;
 };
 
@@ -798,7 +813,10 @@ class Up {
     std::ofstream(p.config) << y.str();
     const std::string prefix = pfx() + "-" + sw.name;
     s_.dpdk_prefixes.push_back(prefix);
-    p.argv = switch_eal_argv(switch_bin_, prefix, a_.dpdk_mem_mb, 1);
+    // Measured: a switch's pools take about 4.4 MiB per port (512 descriptors of 8576-byte
+    // mbufs) plus 13 MiB of lcore caches and headers; -m 32 is too little for 4 ports, 64 works.
+    const int mem = a_.dpdk_mem_mb != 0 ? a_.dpdk_mem_mb : 40 + 6 * int(rec.ports.size());
+    p.argv = switch_eal_argv(switch_bin_, prefix, mem, 1);
     p.argv.insert(p.argv.end(), vdevs.begin(), vdevs.end());
     p.argv.insert(p.argv.end(), {"--", "--config", p.config});
     return p;
@@ -1056,9 +1074,15 @@ int status(const std::string& name) {
   }
   const bool manager_alive = manager != nullptr && ours(*manager);
   healthy &= manager_alive;
-  std::printf("lab '%s': state %s, manager %s (pid %d, %s), up in %.1f s\n\n", s.name.c_str(),
-              lab_dir(s.name).c_str(), s.manager.c_str(), manager ? manager->pid : -1,
-              manager_alive ? "alive" : "DEAD", s.up_seconds);
+  long total_rss = 0;
+  for (const ProcRec& p : s.procs) {
+    if (ours(p)) total_rss += rss_kib(p.pid);
+  }
+  std::printf(
+      "lab '%s': state %s, manager %s (pid %d, %s), up in %.1f s, memory of its processes %s "
+      "(RSS)\n\n",
+      s.name.c_str(), lab_dir(s.name).c_str(), s.manager.c_str(), manager ? manager->pid : -1,
+      manager_alive ? "alive" : "DEAD", s.up_seconds, mib(total_rss).c_str());
 
   // The manager's view: switches, jobs (trees are the jobs that have one).
   pb::SwitchList sl;
@@ -1092,9 +1116,10 @@ int status(const std::string& name) {
     rows.push_back({sw.name, std::to_string(sw.level), p ? std::to_string(p->pid) : "-",
                     up ? "alive" : "DEAD", ms, sw.data,
                     sw.metrics_port ? "127.0.0.1:" + std::to_string(sw.metrics_port) : "-",
-                    std::to_string(sw.ports.size())});
+                    std::to_string(sw.ports.size()), up ? mib(rss_kib(p->pid)) : "-"});
   }
-  print_table({"SWITCH", "LEVEL", "PID", "PROCESS", "MANAGER", "DATA", "METRICS", "PORTS"}, rows);
+  print_table({"SWITCH", "LEVEL", "PID", "PROCESS", "MANAGER", "DATA", "METRICS", "PORTS", "RSS"},
+              rows);
 
   rows.clear();
   for (const HostRec& h : s.hosts) {
@@ -1474,9 +1499,9 @@ class Commands final : public LabCommands {
     up_->add_option("--mtu", ua_.mtu, "MTU of every data link (above 1500: jumbo frames)")
         ->check(CLI::Range(1280, 8400))
         ->capture_default_str();
-    up_->add_option("--dpdk-mem", ua_.dpdk_mem_mb, "DPDK memory of each switch in MiB (EAL -m)")
-        ->check(CLI::Range(16, 4096))
-        ->capture_default_str();
+    up_->add_option("--dpdk-mem", ua_.dpdk_mem_mb,
+                    "DPDK memory of each switch in MiB (EAL -m; default 40 + 6 per port)")
+        ->check(CLI::Range(16, 4096));
     up_->add_option("--idle-sleep-us", ua_.idle_sleep_us,
                     "longest sleep of an idle switch lcore (0: busy polling)")
         ->check(CLI::Range(0, 1000000))
@@ -1531,7 +1556,9 @@ class Commands final : public LabCommands {
     } catch (const Error& e) {
       std::string m = e.what();
       if (!m.empty() && m.back() != '.' && m.back() != '\n' && m.back() != ')') m += '.';
-      std::fprintf(stderr, "treeduce lab: %s\n", m.c_str());
+      // A sentence that names the command already (not root) stands alone.
+      std::fprintf(stderr, "%s%s\n",
+                   m.rfind("treeduce lab", 0) == 0 ? "" : "treeduce lab: ", m.c_str());
       return e.code;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "treeduce lab: %s\n", e.what());
