@@ -1516,7 +1516,7 @@ class Commands final : public LabCommands {
         "MASTER_ADDR, TREEDUCE_*), output prefixed by host; exit status of the worst rank");
     run_->add_option("-n", ra_.n, "ranks: the first N hosts in topology order (default: all)")
         ->check(CLI::Range(1, 100000));
-    run_->add_option("--hosts", ra_.hosts, "ranks on these hosts, in this order")->delimiter(',');
+    run_->add_option("--hosts", hosts_csv_, "ranks on these hosts, in this order: h1,h2,...");
     run_->add_option("--master-port", ra_.master_port, "MASTER_PORT")->capture_default_str();
     run_->add_option("command", ra_.cmd, "the command, after --")->required();
     down_ =
@@ -1549,6 +1549,11 @@ class Commands final : public LabCommands {
       if (status_->parsed()) return status(name_);
       if (exec_->parsed()) return exec_in(name_, host_, cmd_);
       if (run_->parsed()) {
+        std::istringstream in(hosts_csv_);
+        for (std::string h; std::getline(in, h, ',');) {
+          if (h.empty()) throw Error("--hosts '" + hosts_csv_ + "' has an empty host name.", 2);
+          ra_.hosts.push_back(h);
+        }
         if (ra_.n != 0 && !ra_.hosts.empty()) throw Error("give -n or --hosts, not both.", 2);
         return run_ranks(name_, ra_);
       }
@@ -1573,6 +1578,7 @@ class Commands final : public LabCommands {
   UpArgs ua_;
   RunArgs ra_;
   std::string host_;
+  std::string hosts_csv_;
   std::vector<std::string> cmd_;
 };
 
