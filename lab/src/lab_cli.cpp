@@ -59,7 +59,7 @@ std::atomic<bool> g_interrupted{false};
 void on_signal(int) { g_interrupted = true; }
 
 void check_interrupted() {
-  if (g_interrupted) throw Error("interrupted.");
+  if (g_interrupted) throw Error("interrupted; what the lab had made is removed.");
 }
 
 // ---- small helpers ------------------------------------------------------------------------------
@@ -923,14 +923,15 @@ class Up {
     const std::string n = a_.name == "default" ? "" : " --name " + a_.name;
     std::size_t links = s_.switch_links.size() + s_.hosts.size();
     std::printf(
-        "lab '%s' is up in %.1f s: %zu switches, %zu hosts, %zu links; manager at %s.\n"
+        "lab '%s' is up in %.1f s: %zu switch%s, %zu host%s, %zu link%s; manager at %s.\n"
         "State, configurations and logs: %s\n\n"
         "  treeduce lab status%s                     what runs, trees, jobs, counters\n"
         "  treeduce lab exec%s %s -- ip -4 addr      a command in host %s's namespace\n"
         "  treeduce lab run%s -- treeduce-perf -b 1024 -e 65536   one rank per host\n"
         "  treeduce -m %s jobs                  the manager's jobs\n"
         "  treeduce lab down%s                       removes everything\n",
-        a_.name.c_str(), s_.up_seconds, s_.switches.size(), s_.hosts.size(), links,
+        a_.name.c_str(), s_.up_seconds, s_.switches.size(), s_.switches.size() == 1 ? "" : "es",
+        s_.hosts.size(), s_.hosts.size() == 1 ? "" : "s", links, links == 1 ? "" : "s",
         s_.manager.c_str(), dir().c_str(), n.c_str(), n.c_str(), s_.hosts[0].name.c_str(),
         s_.hosts[0].name.c_str(), n.c_str(), s_.manager.c_str(), n.c_str());
   }
