@@ -264,14 +264,13 @@ std::string enter_netns(const std::string& ns) {
   return "";
 }
 
+/// Letters, digits, '-' and '_': no '.', which separates the lab's name from a host's in the
+/// namespace names (tdlab-<lab>.<host>), so that two labs' namespaces never meet.
 bool good_lab_name(const std::string& s) {
-  if (s.empty() || s.size() > 32) return false;
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) {
-                       return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
-                              c == '.';
-                     }) &&
-         s[0] != '.' && s[0] != '-';
+  if (s.empty() || s.size() > 32 || s[0] == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+  });
 }
 
 // ---- state --------------------------------------------------------------------------------------
@@ -662,7 +661,7 @@ class Up {
     const ctl::Switch& leaf = t.switches[host.leaf];
     HostRec r;
     r.name = host.name;
-    r.ns = "tdlab-" + a_.name + "-" + host.name;
+    r.ns = "tdlab-" + a_.name + "." + host.name;
     r.ip = ip_str(host.data.ip);
     r.mgmt_ip = "198.19." + std::to_string(s_.slot) + "." + std::to_string(10 + h);
     r.leaf = leaf.name;
@@ -1532,8 +1531,7 @@ class Commands final : public LabCommands {
   int run() override {
     try {
       if (!good_lab_name(name_)) {
-        throw Error("'" + name_ + "' is not a lab name (1 to 32 letters, digits, '-', '_' or '.').",
-                    2);
+        throw Error("'" + name_ + "' is not a lab name (1 to 32 letters, digits, '-' or '_').", 2);
       }
       if (geteuid() != 0) {
         throw Error("treeduce lab needs root for network namespaces; run it as root or with sudo");

@@ -126,7 +126,7 @@ class LabCli : public ::testing::Test {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator("/run/netns", ec)) {
       EXPECT_NE(
-          e.path().filename().string().rfind("tdlab-" + st["name"].get<std::string>() + "-", 0), 0u)
+          e.path().filename().string().rfind("tdlab-" + st["name"].get<std::string>() + ".", 0), 0u)
           << e.path();
     }
   }
@@ -344,7 +344,7 @@ TEST_F(LabCli, BadInputOneSentenceNothingLeft) {
   EXPECT_NE(r.err.find("treeduce-switch leaf0 exited at start"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(root_ + "/" + n));
   for (const std::string h : {"h0", "h1"}) {
-    EXPECT_FALSE(fs::exists("/run/netns/tdlab-" + n + "-" + h));
+    EXPECT_FALSE(fs::exists("/run/netns/tdlab-" + n + "." + h));
   }
 
   // Not root.
@@ -357,9 +357,9 @@ TEST_F(LabCli, BadInputOneSentenceNothingLeft) {
             "treeduce lab needs root for network namespaces; run it as root or with sudo.\n");
 
   // A bad lab name.
-  r = lab({"status", "--name", "a/b"});
+  r = lab({"status", "--name", "a.b"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("'a/b' is not a lab name"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'a.b' is not a lab name"), std::string::npos) << r.err;
 }
 
 }  // namespace
