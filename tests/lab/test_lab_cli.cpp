@@ -2,9 +2,11 @@
 // labs of real switch, manager and host-namespace processes; cleanup after kill -9; two labs at
 // once; bad input. Needs root. Every lab lives under a state root of its own (TREEDUCE_LAB_ROOT)
 // with names carrying this process's pid, so that it never meets a user's lab.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -231,6 +233,91 @@ TEST_F(LabCli, LeafOfFourUpStatusExecRunDown) {
   r = lab({"status", "--name", n});
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("no lab named '" + n + "' is up"), std::string::npos) << r.err;
+}
+
+/// Starts `treeduce lab ARGS...` in the background, output to `out`; its pid.
+pid_t start_lab(const std::string& root, const std::vector<std::string>& args,
+                const std::string& out) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("TREEDUCE_LAB_ROOT", root.c_str(), 1);
+    const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv = {const_cast<char*>(TREEDUCE_CLI_BIN), const_cast<char*>("lab")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int wait_status(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/// Waits until `pred` holds; the bound only turns a hang into a failure.
+template <typename F>
+bool eventually(F pred) {
+  for (int i = 0; i < 6000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST_F(LabCli, InterruptStopsEveryRankAndAnUpHalfWay) {
+  const std::string n = name("i");
+  Result r = lab({"up", "--leaf", "2", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const std::string out = root_ + "/.run";
+  const pid_t run = start_lab(
+      root_, {"run", "--name", n, "--", "sh", "-c", "echo started; exec sleep 1000"}, out);
+  ASSERT_TRUE(eventually([&] {
+    const std::string o = read_file(out);
+    return o.find("[h0] started") != std::string::npos &&
+           o.find("[h1] started") != std::string::npos;
+  })) << read_file(out);
+  kill(run, SIGINT);
+  EXPECT_EQ(wait_status(run), 130) << read_file(out);
+  EXPECT_NE(read_file(out).find("[lab] interrupted: stopping every rank"), std::string::npos);
+  // No rank is left in the hosts' namespaces.
+  for (const std::string h : {"h0", "h1"}) {
+    std::string pids;
+    FILE* f = popen(("ip netns pids tdlab-" + n + "." + h).c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, f) != nullptr) pids += buf;
+    pclose(f);
+    EXPECT_EQ(pids, "") << h;
+  }
+  EXPECT_EQ(lab({"down", "--name", n}).status, 0);
+
+  // SIGTERM to an up that has begun to make its lab: it removes what it made.
+  const std::string m = name("j");
+  const pid_t up = start_lab(root_, {"up", "--fat-tree", "4", "--name", m}, out);
+  ASSERT_TRUE(eventually([&] { return fs::exists(root_ + "/" + m + "/state.json"); }));
+  const nlohmann::json st = state(m);
+  kill(up, SIGTERM);
+  const int status = wait_status(up);
+  if (status == 0) {
+    // It was done before the signal came: then down removes it.
+    EXPECT_EQ(lab({"down", "--name", m}).status, 0);
+  } else {
+    EXPECT_EQ(status, 1) << read_file(out);
+    EXPECT_NE(read_file(out).find("interrupted; what the lab had made is removed."),
+              std::string::npos)
+        << read_file(out);
+  }
+  EXPECT_FALSE(fs::exists(root_ + "/" + m));
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/run/netns", ec)) {
+    EXPECT_NE(e.path().filename().string().rfind("tdlab-" + m + ".", 0), 0u) << e.path();
+  }
+  EXPECT_FALSE(fs::exists("/sys/class/net/tl" + std::to_string(st["slot"].get<int>()) + "br"));
 }
 
 TEST_F(LabCli, KilledWithSigkillThenDownAndUpAgain) {
