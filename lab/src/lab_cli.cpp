@@ -1246,6 +1246,7 @@ int exec_in(const std::string& name, const std::string& host, const std::vector<
 }
 
 struct RunArgs {
+  bool mpi = false;
   int n = 0;
   std::vector<std::string> hosts;
   int master_port = 29500;
@@ -1258,20 +1259,101 @@ struct Stream {
   FILE* to = nullptr;
   std::string prefix;
   std::string partial;
+  /// Under mpirun (--tag-output): rank r's host, for "[job,r]<stdout>:line".
+  const std::vector<std::string>* mpi_hosts = nullptr;
+  void line(const std::string& l) {
+    if (mpi_hosts != nullptr) {
+      const std::size_t comma = l.find(','), close = l.find("]<"), colon = l.find(">:");
+      if (!l.empty() && l[0] == '[' && comma != std::string::npos && close != std::string::npos &&
+          colon != std::string::npos && comma < close && close < colon) {
+        const std::size_t r = std::strtoul(l.c_str() + comma + 1, nullptr, 10);
+        FILE* f = l.compare(close + 2, 6, "stderr") == 0 ? stderr : stdout;
+        const std::string host = r < mpi_hosts->size() ? (*mpi_hosts)[r] : "rank ?";
+        std::fprintf(f, "[%s] %s\n", host.c_str(), l.substr(colon + 2).c_str());
+        std::fflush(f);
+        return;
+      }
+    }
+    std::fprintf(to, "%s%s\n", prefix.c_str(), l.c_str());
+  }
   void emit(const char* data, std::size_t n) {
     partial.append(data, n);
     for (std::size_t nl; (nl = partial.find('\n')) != std::string::npos;) {
-      std::fprintf(to, "%s%s\n", prefix.c_str(), partial.substr(0, nl).c_str());
+      line(partial.substr(0, nl));
       partial.erase(0, nl + 1);
     }
     std::fflush(to);
   }
   void finish() {
-    if (!partial.empty()) std::fprintf(to, "%s%s\n", prefix.c_str(), partial.c_str());
+    if (!partial.empty()) line(partial);
     partial.clear();
     std::fflush(to);
   }
 };
+
+/// A word for /bin/sh, quoted.
+std::string sh_quote(const std::string& w) {
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+/// The ranks under mpirun (as treeduce-fabric --compare mpi starts them): an rsh agent that
+/// starts each "node" inside its host's namespace with a host name of its own, and a rank script
+/// that sets the host's variables by namespace. Node names are tdlabnode<i>, not the namespaces'
+/// names: Open MPI cuts a node name at its first '.'. Returns mpirun's argv.
+std::vector<std::string> mpirun_argv(const State& s, const std::vector<const HostRec*>& hosts,
+                                     const std::string& dir, const std::vector<std::string>& cmd) {
+  std::string agent =
+      "#!/bin/sh\n# mpirun's rsh agent: NODE CMD -> CMD inside NODE's host namespace, on a host "
+      "named NODE (orteds that share a host name share a session directory and collide).\n"
+      "node=$1; shift\ncase \"$node\" in\n";
+  std::string rank = "#!/bin/sh\nns=$(ip netns identify $$)\ncase \"$ns\" in\n";
+  std::string nodes;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    const HostRec& h = *hosts[i];
+    const std::string node = "tdlabnode" + std::to_string(i);
+    agent += "  " + node + ") ns=" + sh_quote(h.ns) + ";;\n";
+    rank += "  " + sh_quote(h.ns) + ") export TREEDUCE_HOST=" + h.ip + " TREEDUCE_BIND=" + h.ip +
+            " TREEDUCE_FALLBACK_ADDRESS=" + h.mgmt_ip + " TREEDUCE_LAB_HOST=" + sh_quote(h.name) +
+            ";;\n";
+    nodes += (i ? "," : "") + node;
+  }
+  agent +=
+      "  *) echo \"rsh-agent: unknown node $node\" >&2; exit 1;;\nesac\n"
+      "exec ip netns exec \"$ns\" unshare --uts /bin/sh -c "
+      "'hostname \"$1\" && exec /bin/sh -c \"$2\"' rsh-agent \"$node\" \"$*\"\n";
+  rank += "  *) echo \"rank.sh: not in a host namespace of lab " + s.name +
+          " ($ns)\" >&2; exit 126;;\nesac\n"
+          "export RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE "
+          "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK LOCAL_WORLD_SIZE=$OMPI_COMM_WORLD_LOCAL_SIZE "
+          "TREEDUCE_RANK=$OMPI_COMM_WORLD_RANK TREEDUCE_WORLD_SIZE=$OMPI_COMM_WORLD_SIZE\n"
+          "exec \"$@\"\n";
+  std::ofstream(dir + "/rsh-agent.sh") << agent;
+  std::ofstream(dir + "/rank.sh") << rank;
+  chmod((dir + "/rsh-agent.sh").c_str(), 0755);
+  chmod((dir + "/rank.sh").c_str(), 0755);
+  const std::string mgmt = "198.19." + std::to_string(s.slot) + ".0/24";
+  std::vector<std::string> argv = {
+      "mpirun", "-np", std::to_string(hosts.size()), "--host", nodes, "--map-by", "node",
+      "--bind-to", "none", "--tag-output", "--mca", "plm_rsh_agent", dir + "/rsh-agent.sh",
+      // The ranks share this machine's CPUs: wait by yielding (each node has one slot, so Open
+      // MPI cannot know it is oversubscribed).
+      "--mca", "mpi_yield_when_idle", "1",
+      // The orteds share one machine: hwloc's shared-memory topology segfaults them.
+      "--mca", "rtc", "^hwloc",
+      // Control and MPI traffic on the lab's management network, TCP only.
+      "--mca", "oob_tcp_if_include", mgmt, "--mca", "btl", "tcp,self", "--mca",
+      "btl_tcp_if_include", mgmt};
+  for (const char* v : {"TREEDUCE_MANAGER", "TREEDUCE_JOB", "TREEDUCE_FALLBACK_STORE",
+                        "TREEDUCE_LAB", "MASTER_ADDR", "MASTER_PORT"}) {
+    argv.push_back("-x");
+    argv.push_back(v);
+  }
+  argv.push_back(dir + "/rank.sh");
+  argv.insert(argv.end(), cmd.begin(), cmd.end());
+  return argv;
+}
 
 int run_ranks(const std::string& name, const RunArgs& a) {
   const State s = need_lab(name);
@@ -1316,9 +1398,15 @@ int run_ranks(const std::string& name, const RunArgs& a) {
     int status = 0;
     bool stopped = false;  ///< signalled by us
   };
-  std::vector<Rank> ranks(hosts.size());
+  // With --mpi, one process: mpirun, in this namespace; its output tagged by rank.
+  std::vector<std::string> mpi_hosts;
+  for (const HostRec* h : hosts) mpi_hosts.push_back(h->name);
+  std::vector<std::string> mpi_argv;
+  if (a.mpi) mpi_argv = mpirun_argv(s, hosts, store, a.cmd);
+  const int procs = a.mpi ? 1 : world;
+  std::vector<Rank> ranks(static_cast<std::size_t>(procs));
   std::vector<Stream> streams;
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < procs; ++r) {
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) throw Error("pipe failed.");
     const HostRec& h = *hosts[std::size_t(r)];
@@ -1330,6 +1418,22 @@ int run_ranks(const std::string& name, const RunArgs& a) {
       dup2(err[1], 2);
       const int null = open("/dev/null", O_RDONLY);
       dup2(null, 0);
+      if (a.mpi) {
+        const std::map<std::string, std::string> env = {
+            {"MASTER_ADDR", hosts[0]->mgmt_ip}, {"MASTER_PORT", std::to_string(a.master_port)},
+            {"TREEDUCE_MANAGER", s.manager},    {"TREEDUCE_JOB", job},
+            {"TREEDUCE_FALLBACK_STORE", store}, {"TREEDUCE_LAB", s.name},
+            {"OMPI_ALLOW_RUN_AS_ROOT", "1"},    {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+        };
+        for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+        std::vector<char*> argv;
+        for (const auto& x : mpi_argv) argv.push_back(const_cast<char*>(x.c_str()));
+        argv.push_back(nullptr);
+        execvp(argv[0], argv.data());
+        std::fprintf(stderr, "cannot run mpirun: %s (Open MPI is package openmpi-bin)\n",
+                     std::strerror(errno));
+        _exit(127);
+      }
       if (std::string e = enter_netns(h.ns); !e.empty()) {
         std::fprintf(stderr, "%s\n", e.c_str());
         _exit(126);
@@ -1364,10 +1468,12 @@ int run_ranks(const std::string& name, const RunArgs& a) {
     close(err[1]);
     setpgid(pid, pid);
     ranks[std::size_t(r)] = {pid, &h};
-    streams.push_back({out[0], stdout, "[" + h.name + "] ", ""});
-    streams.push_back({err[0], stderr, "[" + h.name + "] ", ""});
+    const std::string label = a.mpi ? "[mpirun] " : "[" + h.name + "] ";
+    streams.push_back({out[0], stdout, label, "", a.mpi ? &mpi_hosts : nullptr});
+    streams.push_back({err[0], stderr, label, "", a.mpi ? &mpi_hosts : nullptr});
   }
-  std::fprintf(stderr, "[lab] job %s: %d ranks on %s\n", job.c_str(), world,
+  std::fprintf(stderr, "[lab] job %s: %d ranks%s on %s\n", job.c_str(), world,
+               a.mpi ? " under mpirun" : "",
                [&] {
                  std::vector<std::string> n;
                  for (const auto* h : hosts) n.push_back(h->name);
@@ -1394,6 +1500,7 @@ int run_ranks(const std::string& name, const RunArgs& a) {
       r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       if (r.status != 0 && !r.stopped && interrupted_by == 0) {
         // As torchrun: one failed rank ends the job (the others would wait for it forever).
+        if (a.mpi) continue;  // mpirun has stopped its ranks itself
         std::fprintf(stderr, "[lab] rank %zu (%s) exited with status %d; stopping the others\n", i,
                      r.host->name.c_str(), r.status);
         stop_all(SIGTERM);
@@ -1518,6 +1625,9 @@ class Commands final : public LabCommands {
         ->check(CLI::Range(1, 100000));
     run_->add_option("--hosts", hosts_csv_, "ranks on these hosts, in this order: h1,h2,...");
     run_->add_option("--master-port", ra_.master_port, "MASTER_PORT")->capture_default_str();
+    run_->add_flag("--mpi", ra_.mpi,
+                   "start the ranks with Open MPI's mpirun (one orted per host namespace, TCP on "
+                   "the management network)");
     run_->add_option("command", ra_.cmd, "the command, after --")->required();
     down_ =
         lab_->add_subcommand("down", "removes every process, namespace, link and file of a lab");

@@ -212,6 +212,19 @@ TEST_F(LabCli, LeafOfFourUpStatusExecRunDown) {
   EXPECT_EQ(r.status, 7) << r.err;
   EXPECT_NE(r.err.find("rank 2 (h2) exited with status 7"), std::string::npos) << r.err;
 
+  // Under mpirun (when Open MPI is installed): the same environment, output by host, the failing
+  // rank's status.
+  if (std::system("command -v mpirun >/dev/null") == 0) {
+    r = lab({"run", "--name", n, "--mpi", "--hosts", "h2,h0", "--", "sh", "-c",
+             "echo $RANK/$WORLD_SIZE $TREEDUCE_RANK $TREEDUCE_HOST $TREEDUCE_LAB_HOST "
+             "${TREEDUCE_MANAGER:+manager} ${TREEDUCE_JOB:+job}"});
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("[h2] 0/2 0 10.1.0.3 h2 manager job"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("[h0] 1/2 1 10.1.0.1 h0 manager job"), std::string::npos) << r.out;
+    r = lab({"run", "--name", n, "--mpi", "--", "sh", "-c", "if [ $RANK = 1 ]; then exit 7; fi"});
+    EXPECT_EQ(r.status, 7) << r.out << r.err;
+  }
+
   // Bad input: an unknown host, a second lab of the same name.
   r = lab({"exec", "--name", n, "h9", "--", "true"});
   EXPECT_EQ(r.status, 2);
