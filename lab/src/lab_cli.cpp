@@ -670,17 +670,27 @@ class Up {
     r.mgmt_if = pfx() + "m" + std::to_string(h);
     const std::string tmp_port = pfx() + "g" + std::to_string(h);
     const std::string tmp_mgmt = pfx() + "n" + std::to_string(h);
+    // What is already there belongs to someone else: refused, and never recorded (so never
+    // removed by this lab's teardown).
+    if (fs::exists("/run/netns/" + r.ns)) {
+      throw Error("network namespace " + r.ns +
+                  " already exists, and no lab of this machine records it; remove it (`ip netns "
+                  "del " +
+                  r.ns + "`) or give another --name.");
+    }
+    for (const std::string& l : {r.port_if, r.mgmt_if, tmp_port, tmp_mgmt}) {
+      if (fs::exists("/sys/class/net/" + l)) {
+        throw Error("interface " + l +
+                    " already exists, and no lab of this machine records it; "
+                    "remove it (`ip link del " +
+                    l + "`).");
+      }
+    }
     // Recorded before they exist: a `down` after a crash here removes them all the same.
     s_.hosts.push_back(r);
     s_.namespaces.push_back(r.ns);
     for (const auto& l : {r.port_if, r.mgmt_if, tmp_port, tmp_mgmt}) s_.links.push_back(l);
     save(s_);
-    if (fs::exists("/run/netns/" + r.ns)) {
-      throw Error("network namespace " + r.ns +
-                  " already exists, and no lab of this machine "
-                  "records it; remove it (`ip netns del " +
-                  r.ns + "`) or give another --name.");
-    }
     const std::string mtu = std::to_string(a_.mtu);
     ip({"netns", "add", r.ns});
     {

@@ -447,6 +447,17 @@ TEST_F(LabCli, BadInputOneSentenceNothingLeft) {
     EXPECT_FALSE(fs::exists("/run/netns/tdlab-" + n + "." + h));
   }
 
+  // A namespace of the lab's names that someone else made: refused, and left alone.
+  ASSERT_EQ(std::system(("ip netns add tdlab-" + n + ".h1").c_str()), 0);
+  r = lab({"up", "--leaf", "2", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("network namespace tdlab-" + n + ".h1 already exists"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::exists("/run/netns/tdlab-" + n + ".h1"));
+  EXPECT_FALSE(fs::exists("/run/netns/tdlab-" + n + ".h0"));
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
+  std::system(("ip netns del tdlab-" + n + ".h1").c_str());
+
   // Not root.
   const std::string cmd = "env TREEDUCE_LAB_ROOT=" + shq(root_) +
                           " setpriv --reuid=65534 --regid=65534 --clear-groups " +
