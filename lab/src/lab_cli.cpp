@@ -1393,6 +1393,8 @@ int run_ranks(const std::string& name, const RunArgs& a) {
   const std::string store = lab_dir(s.name) + "/runs/" + job;
   fs::create_directories(store);
 
+  // A reader that goes away (`lab run ... | head`) must not kill us while the ranks run on.
+  signal(SIGPIPE, SIG_IGN);
   sigset_t mask, old;
   sigemptyset(&mask);
   sigaddset(&mask, SIGINT);
@@ -1423,7 +1425,8 @@ int run_ranks(const std::string& name, const RunArgs& a) {
     const pid_t pid = fork();
     if (pid == 0) {
       sigprocmask(SIG_SETMASK, &old, nullptr);
-      setpgid(0, 0);  // Ctrl-C reaches the ranks through us, each in a group of its own
+      signal(SIGPIPE, SIG_DFL);  // an ignored signal stays ignored across exec
+      setpgid(0, 0);             // Ctrl-C reaches the ranks through us, each in a group of its own
       dup2(out[1], 1);
       dup2(err[1], 2);
       const int null = open("/dev/null", O_RDONLY);
