@@ -433,6 +433,9 @@ std::string find_binary(const std::string& name, const char* var, const std::str
 #ifndef TREEDUCE_LAB_MANAGER_BIN
 #define TREEDUCE_LAB_MANAGER_BIN ""
 #endif
+#ifndef TREEDUCE_LAB_PERF_BIN
+#define TREEDUCE_LAB_PERF_BIN ""
+#endif
 
 // ---- topology -----------------------------------------------------------------------------------
 
@@ -930,19 +933,34 @@ class Up {
 
   void print_usage() {
     const std::string n = a_.name == "default" ? "" : " --name " + a_.name;
+    // sudo resets PATH: name treeduce-perf by its full path when it can be found.
+    std::string perf = "treeduce-perf";
+    try {
+      perf = find_binary("treeduce-perf", "TREEDUCE_PERF_BIN", TREEDUCE_LAB_PERF_BIN);
+    } catch (const Error&) {
+    }
     std::size_t links = s_.switch_links.size() + s_.hosts.size();
     std::printf(
         "lab '%s' is up in %.1f s: %zu switch%s, %zu host%s, %zu link%s; manager at %s.\n"
-        "State, configurations and logs: %s\n\n"
-        "  treeduce lab status%s                     what runs, trees, jobs, counters\n"
-        "  treeduce lab exec%s %s -- ip -4 addr      a command in host %s's namespace\n"
-        "  treeduce lab run%s -- treeduce-perf -b 1024 -e 65536   one rank per host\n"
-        "  treeduce -m %s jobs                  the manager's jobs\n"
-        "  treeduce lab down%s                       removes everything\n",
+        "State, configurations and logs: %s\n\n",
         a_.name.c_str(), s_.up_seconds, s_.switches.size(), s_.switches.size() == 1 ? "" : "es",
         s_.hosts.size(), s_.hosts.size() == 1 ? "" : "s", links, links == 1 ? "" : "s",
-        s_.manager.c_str(), dir().c_str(), n.c_str(), n.c_str(), s_.hosts[0].name.c_str(),
-        s_.hosts[0].name.c_str(), n.c_str(), s_.manager.c_str(), n.c_str());
+        s_.manager.c_str(), dir().c_str());
+    const std::string& h0 = s_.hosts[0].name;
+    const std::vector<std::pair<std::string, std::string>> lines = {
+        {"treeduce lab status" + n, "what runs, trees, jobs, counters"},
+        {"treeduce lab exec" + n + " " + h0 + " -- ip -4 addr",
+         "a command in " + h0 + "'s namespace"},
+        {"treeduce lab run" + n + " -- " + perf + " -b 1024 -e 65536", "one rank per host"},
+        {"treeduce -m " + s_.manager + " jobs", "the manager's jobs"},
+        {"treeduce lab down" + n, "removes everything"},
+    };
+    std::size_t w = 0;
+    for (const auto& l : lines) w = std::max(w, l.first.size());
+    for (const auto& [cmd, what] : lines) {
+      std::printf("  %s%s  # %s\n", cmd.c_str(), std::string(w - cmd.size(), ' ').c_str(),
+                  what.c_str());
+    }
   }
 
   UpArgs a_;
