@@ -946,21 +946,32 @@ class Up {
         a_.name.c_str(), s_.up_seconds, s_.switches.size(), s_.switches.size() == 1 ? "" : "es",
         s_.hosts.size(), s_.hosts.size() == 1 ? "" : "s", links, links == 1 ? "" : "s",
         s_.manager.c_str(), dir().c_str());
+    // The commands as this user can type them: with sudo when sudo ran us, and this program by
+    // its path unless PATH finds it.
+    std::string self = "treeduce";
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+      bool on_path = false;
+      if (const char* path = std::getenv("PATH")) {
+        std::istringstream in(path);
+        for (std::string d; !on_path && std::getline(in, d, ':');) {
+          on_path = !d.empty() && fs::equivalent(fs::path(d) / "treeduce", exe, ec);
+        }
+      }
+      if (!on_path) self = exe.string();
+    }
+    if (std::getenv("SUDO_USER") != nullptr) self = "sudo " + self;
     const std::string& h0 = s_.hosts[0].name;
     const std::vector<std::pair<std::string, std::string>> lines = {
-        {"treeduce lab status" + n, "what runs, trees, jobs, counters"},
-        {"treeduce lab exec" + n + " " + h0 + " -- ip -4 addr",
+        {self + " lab status" + n, "what runs, trees, jobs, counters"},
+        {self + " lab exec" + n + " " + h0 + " -- ip -4 addr",
          "a command in " + h0 + "'s namespace"},
-        {"treeduce lab run" + n + " -- " + perf + " -b 1024 -e 65536", "one rank per host"},
-        {"treeduce -m " + s_.manager + " jobs", "the manager's jobs"},
-        {"treeduce lab down" + n, "removes everything"},
+        {self + " lab run" + n + " -- " + perf + " -b 1024 -e 65536", "one rank per host"},
+        {self + " -m " + s_.manager + " jobs", "the manager's jobs"},
+        {self + " lab down" + n, "removes everything"},
     };
-    std::size_t w = 0;
-    for (const auto& l : lines) w = std::max(w, l.first.size());
-    for (const auto& [cmd, what] : lines) {
-      std::printf("  %s%s  # %s\n", cmd.c_str(), std::string(w - cmd.size(), ' ').c_str(),
-                  what.c_str());
-    }
+    for (const auto& [cmd, what] : lines) std::printf("  # %s\n  %s\n", what.c_str(), cmd.c_str());
   }
 
   UpArgs a_;
