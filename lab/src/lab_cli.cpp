@@ -485,6 +485,7 @@ struct UpArgs {
   int mtu = 1500;
   int dpdk_mem_mb = 0;  ///< 0: by port count (dpdk_mem_for)
   int idle_sleep_us = 200;
+  double loss = 0;  ///< rx_loss on every switch port
 };
 
 void wait_until(const std::function<bool()>& done, std::chrono::seconds bound,
@@ -813,6 +814,7 @@ class Up {
     for (const PortRec& p : rec.ports) {
       y << "  - {name: " << p.name << ", ip: " << ip_str(sw.data.ip) << "/32";
       if (a_.mtu != 1500) y << ", mtu: " << a_.mtu;
+      if (a_.loss > 0) y << ", rx_loss: " << a_.loss;
       y << "}\n";
     }
     // Few descriptors and mbufs: the lab runs many switches on a small machine (docs/lab.md).
@@ -1217,7 +1219,7 @@ int status(const std::string& name) {
 
   // Per-port traffic and the switches' drops (their /metrics endpoints, docs/switch.md).
   rows.clear();
-  std::vector<Row> drops;
+  std::vector<Row> drops, daemon;
   for (const SwitchRec& sw : s.switches) {
     auto it = metrics.find(sw.name);
     if (it == metrics.end()) continue;
@@ -1230,6 +1232,9 @@ int status(const std::string& name) {
         }
         if (x.labels.count("counter")) what = x.labels.at("counter");
         ports[x.labels.at("port")][what] += x.value;
+      } else if (x.name == "treeduce_switch_daemon_total" && x.value != 0) {
+        daemon.push_back(
+            {sw.name, x.labels.count("counter") ? x.labels.at("counter") : "?", num(x.value)});
       } else if (x.name == "treeduce_switch_drops_total" && x.value != 0) {
         drops.push_back(
             {sw.name, x.labels.count("reason") ? x.labels.at("reason") : "?", num(x.value)});
@@ -1249,6 +1254,13 @@ int status(const std::string& name) {
     std::printf("drops: none\n");
   } else {
     print_table({"SWITCH", "DROP REASON", "COUNT"}, drops);
+  }
+  // The daemon's own: ARP and ICMP, unresolved next hops, injected loss (--loss), exhaustion.
+  std::printf("\n");
+  if (daemon.empty()) {
+    std::printf("daemon counters: all 0\n");
+  } else {
+    print_table({"SWITCH", "DAEMON COUNTER", "COUNT"}, daemon);
   }
   return healthy ? 0 : 1;
 }
@@ -1655,6 +1667,10 @@ class Commands final : public LabCommands {
                     "longest sleep of an idle switch lcore (0: busy polling)")
         ->check(CLI::Range(0, 1000000))
         ->capture_default_str();
+    up_->add_option("--loss", ua_.loss,
+                    "drop this fraction of the frames every switch port receives (rx_loss; the "
+                    "hosts and switches retransmit)")
+        ->check(CLI::Range(0.0, 0.99));
     status_ = lab_->add_subcommand("status", "processes, hosts, links, trees, jobs, counters");
     exec_ = lab_->add_subcommand("exec", "runs a command in one host's network namespace");
     exec_->add_option("host", host_, "host name (the topology's)")->required();

@@ -370,8 +370,9 @@ TEST_F(LabCli, TwoLabsAtOnce) {
   const std::string a = name("x"), b = name("y");
   Result r = lab({"up", "--leaf", "2", "--name", a});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
-  // A two-level fat-tree with k=2: two leaves of one host, one spine.
-  r = lab({"up", "--fat-tree", "2", "--name", b});
+  // A two-level fat-tree with k=2: two leaves of one host, one spine; every switch port drops a
+  // fifth of what it receives, and the results stay exact.
+  r = lab({"up", "--fat-tree", "2", "--loss", "0.2", "--name", b});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   const nlohmann::json sa = state(a), sb = state(b);
   EXPECT_NE(sa["slot"], sb["slot"]);
@@ -383,8 +384,8 @@ TEST_F(LabCli, TwoLabsAtOnce) {
   }
   // Both reduce in their own network at the same time.
   const std::vector<std::string> perf = {
-      "--", "treeduce-perf", "-b", "1024", "-e", "1024", "-d", "f32",
-      "-o", "sum",           "-n", "2",    "-w", "0",    "-c", "1"};
+      "--", "treeduce-perf", "-b", "1024", "-e", "16384", "-d", "f32",
+      "-o", "sum",           "-n", "2",    "-w", "0",     "-c", "1"};
   std::vector<std::string> ra = {"run", "--name", a}, rb = {"run", "--name", b};
   ra.insert(ra.end(), perf.begin(), perf.end());
   rb.insert(rb.end(), perf.begin(), perf.end());
@@ -396,6 +397,9 @@ TEST_F(LabCli, TwoLabsAtOnce) {
   EXPECT_EQ(out_b.status, 0) << out_b.out << out_b.err;
   EXPECT_NE(out_b.out.find("[h0-0] # treeduce-perf: 2 ranks, path network"), std::string::npos)
       << out_b.out;
+  EXPECT_NE(out_b.out.find("[h0-0] # verified: 0 wrong elements"), std::string::npos) << out_b.out;
+  r = lab({"status", "--name", b});
+  EXPECT_NE(r.out.find(" injected_loss "), std::string::npos) << r.out;
   EXPECT_EQ(lab({"down", "--name", a}).status, 0);
   expect_gone(sa);
   r = lab({"status", "--name", b});
