@@ -1442,7 +1442,7 @@ int run_ranks(const std::string& name, const RunArgs& a) {
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGCHLD);
   sigprocmask(SIG_BLOCK, &mask, &old);
-  const int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
+  const int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
 
   struct Rank {
     pid_t pid = -1;
@@ -1562,7 +1562,9 @@ int run_ranks(const std::string& name, const RunArgs& a) {
     }
   };
   std::size_t open_streams = streams.size();
+  // SIGKILL for what SIGTERM did not stop within 10 s (max: no SIGTERM sent yet, or done).
   Clock::time_point kill_at = Clock::time_point::max();
+  bool killed = false;
   while (open_streams > 0 ||
          std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return !r.done; })) {
     std::vector<pollfd> pfds;
@@ -1597,24 +1599,21 @@ int run_ranks(const std::string& name, const RunArgs& a) {
             std::fprintf(stderr, "[lab] %s: stopping every rank\n",
                          si.ssi_signo == SIGINT ? "interrupted" : "terminated");
             stop_all(SIGTERM);
-            kill_at = Clock::now() + std::chrono::seconds(10);
           } else {
-            stop_all(SIGKILL);
+            stop_all(SIGKILL);  // a second Ctrl-C does not wait
           }
         }
-        int flags = fcntl(sfd, F_GETFL);
-        fcntl(sfd, F_SETFL, flags | O_NONBLOCK);
       }
-      fcntl(sfd, F_SETFL, fcntl(sfd, F_GETFL) & ~O_NONBLOCK);
     }
     reap();
-    if (std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.stopped; }) &&
-        kill_at == Clock::time_point::max()) {
+    if (!killed && kill_at == Clock::time_point::max() &&
+        std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.stopped; })) {
       kill_at = Clock::now() + std::chrono::seconds(10);
     }
     if (Clock::now() >= kill_at) {
       stop_all(SIGKILL);
-      kill_at = Clock::time_point::max() - std::chrono::hours(1);
+      killed = true;
+      kill_at = Clock::time_point::max();
     }
   }
   close(sfd);
