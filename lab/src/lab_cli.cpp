@@ -371,6 +371,7 @@ std::vector<std::string> teardown(const State& s) {
   }
   std::error_code ec;
   for (const std::string& p : s.dpdk_prefixes) fs::remove_all("/var/run/dpdk/" + p, ec);
+  for (const std::string& p : s.sockets) fs::remove(p, ec);
   if (problems.empty()) fs::remove_all(lab_dir(s.name), ec);
   return problems;
 }
@@ -777,6 +778,9 @@ class Up {
     for (std::size_t lo = 0; lo < n; ++lo) {
       for (std::uint32_t hi : t.switches[lo].up) {
         const std::string sock = dir() + "/" + t.switches[hi].name + ".memif.sock";
+        if (std::find(s_.sockets.begin(), s_.sockets.end(), sock) == s_.sockets.end()) {
+          s_.sockets.push_back(sock);
+        }
         const int id = server_ids[hi]++;
         const std::string lo_port = "net_memif" + std::to_string(memifs[lo]++);
         const std::string hi_port = "net_memif" + std::to_string(memifs[hi]++);

@@ -67,6 +67,7 @@ struct State {
   std::vector<std::string> namespaces;
   std::vector<std::string> links;          ///< interfaces of the root namespace (veth ends)
   std::vector<std::string> dpdk_prefixes;  ///< EAL --file-prefix of each switch
+  std::vector<std::string> sockets;        ///< memif socket files (in the state directory)
   std::vector<ProcRec> procs;
   std::vector<HostRec> hosts;
   std::vector<SwitchRec> switches;
@@ -81,7 +82,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SwitchRec, name, level, data, me
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LinkRec, a, a_port, b, b_port)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(State, name, slot, phase, up_pid, up_start, mtu,
                                                 bridge, mgmt_ip, manager, up_seconds, namespaces,
-                                                links, dpdk_prefixes, procs, hosts, switches,
-                                                switch_links)
+                                                links, dpdk_prefixes, sockets, procs, hosts,
+                                                switches, switch_links)
 
 }  // namespace treeduce::lab
