@@ -1,5 +1,6 @@
-// treeduce: the manager's command line. Reads the Query service and prints tables or JSON, and
-// `doctor` explains whether a job would be reduced in the network.
+// treeduce: the manager's command line. Reads the Query service and prints tables or JSON,
+// `doctor` explains whether a job would be reduced in the network, and `lab` brings emulated
+// fabrics up and down on this machine (docs/lab.md).
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -24,6 +25,7 @@
 
 #include "manager.grpc.pb.h"
 #include "treeduce/aggregation/dtype.h"
+#include "treeduce/lab/lab_cli.h"
 
 namespace pb = treeduce::control::v1;
 using nlohmann::json;
@@ -528,6 +530,8 @@ int main(int argc, char** argv) {
   auto* res_cmd = app.add_subcommand("resources", "per-switch resources: used / limit");
   auto* doc_cmd = app.add_subcommand(
       "doctor", "says whether a job would be reduced in the network, and why not (exit 0: yes)");
+  // `treeduce lab ...` (docs/lab.md): the lab's own code, lab/src/lab_cli.cpp.
+  auto lab_cmds = treeduce::lab::add_lab_commands(app);
   DoctorArgs da;
   if (const char* env = std::getenv("TREEDUCE_JOB")) da.job = env;
   if (const char* env = std::getenv("TREEDUCE_HOST")) da.host = env;
@@ -553,6 +557,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (lab_cmds->parsed()) return lab_cmds->run();
   if (doc_cmd->parsed()) {
     if (world_opt->count() == 0) {
       if (world_env.empty()) {

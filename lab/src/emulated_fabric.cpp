@@ -36,6 +36,31 @@ std::string port_yaml(const std::string& name, const std::string& ip, double los
 
 }  // namespace
 
+std::vector<std::string> switch_eal_argv(const std::string& bin, const std::string& file_prefix,
+                                         int mem_mb, int lcores) {
+  // Lcores that float over both CPUs: three switches and four hosts share a 2-core machine.
+  std::string lc = "--lcores=";
+  for (int i = 0; i < lcores; ++i) lc += (i ? "," : "") + std::to_string(i) + "@(0-1)";
+  return {bin,        "--no-huge",
+          "-m",       std::to_string(mem_mb),
+          "--no-pci", "--file-prefix=" + file_prefix,
+          lc,         "--log-level=lib.eal:warning"};
+}
+
+std::string af_packet_vdev(const std::string& port, const std::string& iface, int qpairs, int mtu) {
+  std::string v = "--vdev=" + port + ",iface=" + iface + ",qpairs=" + std::to_string(qpairs);
+  // The kernel copies each frame into one ring frame, and the PMD copies a ring frame into one
+  // mbuf: ring frames as large as the switch's mbuf data room allows (8448 bytes + the PMD's
+  // 32-byte header), which holds MTU 8400. The PMD walks its ring at framesz strides, so a block
+  // must hold a whole number of frames: 128 of them make it a whole number of pages too.
+  if (mtu > 1500) v += ",framesz=8480,blocksz=1085440,framecnt=512";
+  return v;
+}
+
+bool packet_fanout_lost(const std::string& log) {
+  return log.find("could not set PACKET_FANOUT") != std::string::npos;
+}
+
 std::string Fabric::topology_yaml(FabricShape shape) {
   std::ostringstream y;
   y << "switches:\n";
@@ -179,8 +204,7 @@ std::string Fabric::wait_ready(Proc** p) {
   for (int attempt = 0;; ++attempt) {
     if (lab_.wait_log(**p, " ready: ", std::chrono::seconds(30))) return "";
     const std::string log = Lab::read_log(**p);
-    if (attempt == 3 || !(*p)->done ||
-        log.find("could not set PACKET_FANOUT") == std::string::npos) {
+    if (attempt == 3 || !(*p)->done || !packet_fanout_lost(log)) {
       return (*p)->name + " did not start:\n" + log;
     }
     std::fprintf(stderr, "fabric: %s lost a PACKET_FANOUT group to another switch; again\n",
@@ -192,14 +216,8 @@ std::string Fabric::wait_ready(Proc** p) {
 }
 
 std::string Fabric::af_packet_vdev(int index, int h) const {
-  std::string v = "--vdev=net_af_packet" + std::to_string(index) + ",iface=" + port_if(h) +
-                  ",qpairs=" + std::to_string(opt_.lcores);
-  // The kernel copies each frame into one ring frame, and the PMD copies a ring frame into one
-  // mbuf: ring frames as large as the switch's mbuf data room allows (8448 bytes + the PMD's
-  // 32-byte header), which holds MTU 8400. The PMD walks its ring at framesz strides, so a block
-  // must hold a whole number of frames: 128 of them make it a whole number of pages too.
-  if (opt_.mtu > 1500) v += ",framesz=8480,blocksz=1085440,framecnt=512";
-  return v;
+  return lab::af_packet_vdev("net_af_packet" + std::to_string(index), port_if(h), opt_.lcores,
+                             opt_.mtu);
 }
 
 std::string Fabric::host_memif_args() const {
@@ -333,17 +351,8 @@ std::string Fabric::restart_manager() {
 
 Proc& Fabric::start_switch(const std::string& name, const std::string& cfg,
                            const std::vector<std::string>& vdevs) {
-  // Lcores that float over both CPUs: three switches and four hosts share a 2-core machine.
-  std::string lc = "--lcores=";
-  for (int i = 0; i < opt_.lcores; ++i) lc += (i ? "," : "") + std::to_string(i) + "@(0-1)";
-  std::vector<std::string> argv = {opt_.switch_bin,
-                                   "--no-huge",
-                                   "-m",
-                                   "256",
-                                   "--no-pci",
-                                   "--file-prefix=" + lab_.prefix() + name,
-                                   lc,
-                                   "--log-level=lib.eal:warning"};
+  std::vector<std::string> argv =
+      switch_eal_argv(opt_.switch_bin, lab_.prefix() + name, 256, opt_.lcores);
   argv.insert(argv.end(), vdevs.begin(), vdevs.end());
   for (const std::string& a :
        {std::string("--"), std::string("--config"), cfg, std::string("--idle-sleep-us"),

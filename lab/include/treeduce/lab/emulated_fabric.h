@@ -64,6 +64,19 @@ struct FabricOptions {
   std::uint32_t rank_lease_ms = 5000;
 };
 
+/// The EAL arguments of a lab switch without hugepages or PCI: `bin`, `-m mem_mb`, its own
+/// `--file-prefix`, `lcores` lcores floating over CPUs 0-1 (switches and hosts share a small
+/// machine). The vdevs, `--` and treeduce's own arguments go after them. Shared by Fabric and
+/// `treeduce lab` (lab_cli.h).
+std::vector<std::string> switch_eal_argv(const std::string& bin, const std::string& file_prefix,
+                                         int mem_mb, int lcores);
+/// `--vdev=` of a net_af_packet port named `port` on interface `iface`, with `qpairs` queue pairs
+/// and ring frames that hold `mtu`.
+std::string af_packet_vdev(const std::string& port, const std::string& iface, int qpairs, int mtu);
+/// True when a switch's log says DPDK refused its af_packet port's PACKET_FANOUT group (another
+/// switch of the namespace has it): a new process, with a new pid, gets another group.
+bool packet_fanout_lost(const std::string& log);
+
 /// Tree 1 of the static configuration.
 inline constexpr std::uint64_t kStaticKey = 0x7d0c0ffee1234567ull;
 inline constexpr std::uint32_t kStaticSlots = 16;

@@ -1,0 +1,480 @@
+// `treeduce lab` through the real treeduce binary (docs/lab.md): up, status, exec, run, down of
+// labs of real switch, manager and host-namespace processes; cleanup after kill -9; two labs at
+// once; bad input. Needs root. Every lab lives under a state root of its own (TREEDUCE_LAB_ROOT)
+// with names carrying this process's pid, so that it never meets a user's lab.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string shq(const std::string& w) {
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+class LabCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces)";
+    char tmpl[] = "/tmp/treeduce-labcli-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override {
+    // Whatever a failed test left: every lab under our root goes.
+    if (root_.empty()) return;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root_, ec)) {
+      if (e.is_directory()) lab({"down", "--name", e.path().filename().string()});
+    }
+    fs::remove_all(root_, ec);
+  }
+
+  /// `treeduce lab ARGS...` with `env` before it; stdout and stderr apart.
+  Result lab(const std::vector<std::string>& args, const std::string& env = "") {
+    std::string cmd =
+        "env TREEDUCE_LAB_ROOT=" + shq(root_) + " PATH=" +
+        shq(fs::path(TREEDUCE_PERF_BIN).parent_path().string() + ":" + std::getenv("PATH")) + " " +
+        env + " " + shq(TREEDUCE_CLI_BIN) + " lab";
+    for (const auto& a : args) cmd += " " + shq(a);
+    static std::atomic<int> calls{0};
+    const std::string id = std::to_string(calls++);
+    const std::string out = root_ + "/.out" + id, err = root_ + "/.err" + id;
+    cmd += " >" + shq(out) + " 2>" + shq(err) + " </dev/null";
+    const int rc = std::system(cmd.c_str());
+    Result r;
+    r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    r.out = read_file(out);
+    r.err = read_file(err);
+    return r;
+  }
+
+  std::string name(const std::string& tag) const { return "t" + std::to_string(getpid()) + tag; }
+
+  nlohmann::json state(const std::string& lab_name) {
+    return nlohmann::json::parse(read_file(root_ + "/" + lab_name + "/state.json"));
+  }
+
+  static bool process_is(int pid, const std::vector<std::string>& argv) {
+    const std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+    std::vector<std::string> v;
+    std::size_t b = 0;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == '\0') {
+        v.push_back(s.substr(b, i - b));
+        b = i + 1;
+      }
+    }
+    return v == argv;
+  }
+
+  void expect_processes_gone(const nlohmann::json& st) {
+    for (const auto& p : st["procs"]) {
+      EXPECT_FALSE(process_is(p["pid"].get<int>(), p["argv"].get<std::vector<std::string>>()))
+          << p["name"] << " still runs";
+    }
+  }
+
+  /// Everything `st` recorded is gone: processes, namespaces, interfaces, bridge, state dir.
+  void expect_gone(const nlohmann::json& st) {
+    expect_processes_gone(st);
+    for (const auto& ns : st["namespaces"]) {
+      EXPECT_FALSE(fs::exists("/run/netns/" + ns.get<std::string>())) << ns;
+    }
+    for (const auto& l : st["links"]) {
+      EXPECT_FALSE(fs::exists("/sys/class/net/" + l.get<std::string>())) << l;
+    }
+    EXPECT_FALSE(fs::exists("/sys/class/net/" + st["bridge"].get<std::string>()));
+    EXPECT_FALSE(fs::exists(root_ + "/" + st["name"].get<std::string>()));
+    // And nothing else of the lab: no namespace of its name, no interface of its prefix.
+    const std::string prefix = "tl" + std::to_string(st["slot"].get<int>());
+    for (const auto& e : fs::directory_iterator("/sys/class/net")) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(prefix, 0) == 0 && n.size() > prefix.size()) {
+        EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(n[prefix.size()]))) << n << " is left";
+      }
+    }
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/run/netns", ec)) {
+      EXPECT_NE(
+          e.path().filename().string().rfind("tdlab-" + st["name"].get<std::string>() + ".", 0), 0u)
+          << e.path();
+    }
+  }
+
+  std::string root_;
+};
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> v;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+TEST_F(LabCli, LeafOfFourUpStatusExecRunDown) {
+  const std::string n = name("a");
+  Result r = lab({"up", "--leaf", "4", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("lab '" + n + "' is up"), std::string::npos) << r.out;
+  const nlohmann::json st = state(n);
+  ASSERT_EQ(st["hosts"].size(), 4u);
+
+  // status: the switch alive and up at the manager, the hosts.
+  r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  bool leaf_row = false;
+  for (const std::string& l : lines(r.out)) {
+    if (l.rfind("leaf0 ", 0) == 0 && l.find(" alive ") != std::string::npos &&
+        l.find(" up ") != std::string::npos) {
+      leaf_row = true;
+    }
+  }
+  EXPECT_TRUE(leaf_row) << r.out;
+  for (int h = 0; h < 4; ++h) {
+    EXPECT_NE(r.out.find("h" + std::to_string(h) + "    10.1.0." + std::to_string(h + 1)),
+              std::string::npos)
+        << r.out;
+  }
+
+  // exec: a command in one host's namespace sees that host's address.
+  r = lab({"exec", "--name", n, "h2", "--", "ip", "-4", "addr"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("inet 10.1.0.3/32"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("10.1.0.1/"), std::string::npos) << r.out;
+  r = lab({"exec", "--name", n, "h1", "--", "sh", "-c", "exit 5"});
+  EXPECT_EQ(r.status, 5);
+
+  // run: treeduce-perf on four ranks, exact, in the network; every line prefixed by its host.
+  r = lab({"run",  "--name", n,   "-n", "4",       "--", "treeduce-perf", "-b", "1024", "-e",
+           "4096", "-f",     "4", "-d", "f32,i32", "-o", "sum",           "-n", "2",    "-w",
+           "0",    "-c",     "1"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[h0] # treeduce-perf: 4 ranks, path network"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[h0] # verified: 0 wrong elements"), std::string::npos) << r.out;
+  for (const std::string& l : lines(r.out)) {
+    EXPECT_TRUE(l.rfind("[h0] ", 0) == 0 || l.rfind("[h1] ", 0) == 0 || l.rfind("[h2] ", 0) == 0 ||
+                l.rfind("[h3] ", 0) == 0)
+        << l;
+  }
+  for (int h = 0; h < 4; ++h) {
+    EXPECT_NE(r.err.find("[h" + std::to_string(h) + "] treeduce-perf: rank " + std::to_string(h) +
+                         ": 0 failed operations, 0 wrong elements"),
+              std::string::npos)
+        << r.err;
+  }
+
+  // The environment of a rank, on chosen hosts in the order given.
+  r = lab({"run", "--name", n, "--hosts", "h3,h1", "--", "sh", "-c",
+           "echo $RANK/$WORLD_SIZE $LOCAL_RANK $TREEDUCE_RANK $TREEDUCE_HOST $MASTER_ADDR "
+           "${TREEDUCE_MANAGER:+manager} ${TREEDUCE_JOB:+job}"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  const std::string master = st["hosts"][3]["mgmt_ip"];
+  EXPECT_NE(r.out.find("[h3] 0/2 0 0 10.1.0.4 " + master + " manager job"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[h1] 1/2 0 1 10.1.0.2 " + master + " manager job"), std::string::npos)
+      << r.out;
+
+  // A failing rank: its status, and the others are stopped (rank 0 would wait for ever).
+  r = lab(
+      {"run", "--name", n, "--", "sh", "-c", "if [ $RANK = 2 ]; then exit 7; fi; exec sleep 1000"});
+  EXPECT_EQ(r.status, 7) << r.err;
+  EXPECT_NE(r.err.find("rank 2 (h2) exited with status 7"), std::string::npos) << r.err;
+
+  // Under mpirun (when Open MPI is installed): the same environment, output by host, the failing
+  // rank's status.
+  if (std::system("command -v mpirun >/dev/null") == 0) {
+    r = lab({"run", "--name", n, "--mpi", "--hosts", "h2,h0", "--", "sh", "-c",
+             "echo $RANK/$WORLD_SIZE $TREEDUCE_RANK $TREEDUCE_HOST $TREEDUCE_LAB_HOST "
+             "${TREEDUCE_MANAGER:+manager} ${TREEDUCE_JOB:+job}"});
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("[h2] 0/2 0 10.1.0.3 h2 manager job"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("[h0] 1/2 1 10.1.0.1 h0 manager job"), std::string::npos) << r.out;
+    r = lab({"run", "--name", n, "--mpi", "--", "sh", "-c", "if [ $RANK = 1 ]; then exit 7; fi"});
+    EXPECT_EQ(r.status, 7) << r.out << r.err;
+  }
+
+  // Bad input: an unknown host, a second lab of the same name.
+  r = lab({"exec", "--name", n, "h9", "--", "true"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("has no host 'h9' (hosts: h0, h1, h2, h3)"), std::string::npos) << r.err;
+  r = lab({"run", "--name", n, "-n", "5", "--", "true"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("more ranks than lab"), std::string::npos) << r.err;
+  r = lab({"up", "--leaf", "2", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("lab '" + n + "' is already up"), std::string::npos) << r.err;
+  EXPECT_EQ(state(n)["procs"], st["procs"]) << "the refused up touched the live lab";
+
+  r = lab({"down", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+  expect_gone(st);
+  // Idempotent.
+  r = lab({"down", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+  r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("no lab named '" + n + "' is up"), std::string::npos) << r.err;
+}
+
+/// Starts `treeduce lab ARGS...` in the background, output to `out`; its pid.
+pid_t start_lab(const std::string& root, const std::vector<std::string>& args,
+                const std::string& out) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("TREEDUCE_LAB_ROOT", root.c_str(), 1);
+    const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv = {const_cast<char*>(TREEDUCE_CLI_BIN), const_cast<char*>("lab")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int wait_status(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/// Waits until `pred` holds; the bound only turns a hang into a failure.
+template <typename F>
+bool eventually(F pred) {
+  for (int i = 0; i < 6000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST_F(LabCli, InterruptStopsEveryRankAndAnUpHalfWay) {
+  const std::string n = name("i");
+  Result r = lab({"up", "--leaf", "2", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const std::string out = root_ + "/.run";
+  const pid_t run = start_lab(
+      root_, {"run", "--name", n, "--", "sh", "-c", "echo started; exec sleep 1000"}, out);
+  ASSERT_TRUE(eventually([&] {
+    const std::string o = read_file(out);
+    return o.find("[h0] started") != std::string::npos &&
+           o.find("[h1] started") != std::string::npos;
+  })) << read_file(out);
+  kill(run, SIGINT);
+  EXPECT_EQ(wait_status(run), 130) << read_file(out);
+  EXPECT_NE(read_file(out).find("[lab] interrupted: stopping every rank"), std::string::npos);
+  // No rank is left in the hosts' namespaces.
+  for (const std::string h : {"h0", "h1"}) {
+    std::string pids;
+    FILE* f = popen(("ip netns pids tdlab-" + n + "." + h).c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, f) != nullptr) pids += buf;
+    pclose(f);
+    EXPECT_EQ(pids, "") << h;
+  }
+  EXPECT_EQ(lab({"down", "--name", n}).status, 0);
+
+  // SIGTERM to an up that has begun to make its lab: it removes what it made.
+  const std::string m = name("j");
+  const pid_t up = start_lab(root_, {"up", "--fat-tree", "4", "--name", m}, out);
+  ASSERT_TRUE(eventually([&] { return fs::exists(root_ + "/" + m + "/state.json"); }));
+  const nlohmann::json st = state(m);
+  kill(up, SIGTERM);
+  const int status = wait_status(up);
+  if (status == 0) {
+    // It was done before the signal came: then down removes it.
+    EXPECT_EQ(lab({"down", "--name", m}).status, 0);
+  } else {
+    EXPECT_EQ(status, 1) << read_file(out);
+    EXPECT_NE(read_file(out).find("interrupted; what the lab had made is removed."),
+              std::string::npos)
+        << read_file(out);
+  }
+  EXPECT_FALSE(fs::exists(root_ + "/" + m));
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/run/netns", ec)) {
+    EXPECT_NE(e.path().filename().string().rfind("tdlab-" + m + ".", 0), 0u) << e.path();
+  }
+  EXPECT_FALSE(fs::exists("/sys/class/net/tl" + std::to_string(st["slot"].get<int>()) + "br"));
+}
+
+TEST_F(LabCli, KilledWithSigkillThenDownAndUpAgain) {
+  const std::string n = name("k");
+  Result r = lab({"up", "--leaf", "2", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  nlohmann::json st = state(n);
+  ASSERT_EQ(st["procs"].size(), 2u);  // the manager and the switch
+  for (const auto& p : st["procs"]) kill(p["pid"].get<int>(), SIGKILL);
+  // The kills are asynchronous: wait until the processes are gone (a bound only against a hang).
+  for (int i = 0; i < 3000; ++i) {
+    bool any = false;
+    for (const auto& p : st["procs"]) {
+      any |= process_is(p["pid"].get<int>(), p["argv"].get<std::vector<std::string>>());
+    }
+    if (!any) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("DEAD"), std::string::npos) << r.out;
+
+  // A lab whose processes are all gone is reaped by the next up of its name.
+  r = lab({"up", "--leaf", "2", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("removing it first"), std::string::npos) << r.err;
+  expect_processes_gone(st);
+  EXPECT_NE(state(n)["manager"], st["manager"]);
+  st = state(n);
+  for (const auto& p : st["procs"]) kill(p["pid"].get<int>(), SIGKILL);
+  r = lab({"down", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+  expect_gone(st);
+}
+
+TEST_F(LabCli, TwoLabsAtOnce) {
+  const std::string a = name("x"), b = name("y");
+  Result r = lab({"up", "--leaf", "2", "--name", a});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  // A two-level fat-tree with k=2: two leaves of one host, one spine; every switch port drops a
+  // fifth of what it receives, and the results stay exact.
+  r = lab({"up", "--fat-tree", "2", "--loss", "0.2", "--name", b});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const nlohmann::json sa = state(a), sb = state(b);
+  EXPECT_NE(sa["slot"], sb["slot"]);
+  EXPECT_NE(sa["manager"], sb["manager"]);
+  EXPECT_EQ(sb["switches"].size(), 3u);
+  for (const std::string& n : {a, b}) {
+    r = lab({"status", "--name", n});
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+  }
+  // Both reduce in their own network at the same time.
+  const std::vector<std::string> perf = {
+      "--", "treeduce-perf", "-b", "1024", "-e", "16384", "-d", "f32",
+      "-o", "sum",           "-n", "2",    "-w", "0",     "-c", "1"};
+  std::vector<std::string> ra = {"run", "--name", a}, rb = {"run", "--name", b};
+  ra.insert(ra.end(), perf.begin(), perf.end());
+  rb.insert(rb.end(), perf.begin(), perf.end());
+  Result out_a;
+  std::thread t([&] { out_a = lab(ra); });
+  const Result out_b = lab(rb);
+  t.join();
+  EXPECT_EQ(out_a.status, 0) << out_a.out << out_a.err;
+  EXPECT_EQ(out_b.status, 0) << out_b.out << out_b.err;
+  EXPECT_NE(out_b.out.find("[h0-0] # treeduce-perf: 2 ranks, path network"), std::string::npos)
+      << out_b.out;
+  EXPECT_NE(out_b.out.find("[h0-0] # verified: 0 wrong elements"), std::string::npos) << out_b.out;
+  r = lab({"status", "--name", b});
+  EXPECT_NE(r.out.find(" injected_loss "), std::string::npos) << r.out;
+  EXPECT_EQ(lab({"down", "--name", a}).status, 0);
+  expect_gone(sa);
+  r = lab({"status", "--name", b});
+  EXPECT_EQ(r.status, 0) << "taking lab " << a << " down touched lab " << b << ":\n" << r.out;
+  EXPECT_EQ(lab({"down", "--name", b}).status, 0);
+  expect_gone(sb);
+}
+
+TEST_F(LabCli, BadInputOneSentenceNothingLeft) {
+  const std::string n = name("b");
+  // A topology error: the parser's sentence with its line.
+  const std::string topo = root_ + "/bad.yaml";
+  std::ofstream(topo) << "switches:\n  - {name: leaf0, level: 0, data: \"10.0.0.1:47110\"}\n"
+                         "hosts:\n  - {name: h0, address: 10.1.0.1, switch: leafX}\n";
+  Result r = lab({"up", topo, "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "treeduce lab: " + topo + ": line 4: host 'h0' names unknown switch 'leafX'.\n");
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
+
+  r = lab({"up", "--leaf", "2", "--fat-tree", "2", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("give one of"), std::string::npos) << r.err;
+  r = lab({"up", "--fat-tree", "3", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("even k"), std::string::npos) << r.err;
+
+  // No lab of that name.
+  r = lab({"exec", "--name", n, "h0", "--", "true"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("no lab named '" + n + "' is up"), std::string::npos) << r.err;
+  r = lab({"down", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+
+  // A missing binary is refused before anything is made.
+  r = lab({"up", "--leaf", "2", "--name", n}, "TREEDUCE_SWITCH_BIN=/nonexistent/treeduce-switch");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("TREEDUCE_SWITCH_BIN is '/nonexistent/treeduce-switch', which is not an "
+                       "executable file."),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
+
+  // A switch that fails at start: the half-built lab is removed again.
+  r = lab({"up", "--leaf", "2", "--name", n}, "TREEDUCE_SWITCH_BIN=/bin/false");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("treeduce-switch leaf0 exited at start"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
+  for (const std::string h : {"h0", "h1"}) {
+    EXPECT_FALSE(fs::exists("/run/netns/tdlab-" + n + "." + h));
+  }
+
+  // A namespace of the lab's names that someone else made: refused, and left alone.
+  ASSERT_EQ(std::system(("ip netns add tdlab-" + n + ".h1").c_str()), 0);
+  r = lab({"up", "--leaf", "2", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("network namespace tdlab-" + n + ".h1 already exists"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::exists("/run/netns/tdlab-" + n + ".h1"));
+  EXPECT_FALSE(fs::exists("/run/netns/tdlab-" + n + ".h0"));
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
+  std::system(("ip netns del tdlab-" + n + ".h1").c_str());
+
+  // Not root.
+  const std::string cmd = "env TREEDUCE_LAB_ROOT=" + shq(root_) +
+                          " setpriv --reuid=65534 --regid=65534 --clear-groups " +
+                          shq(TREEDUCE_CLI_BIN) + " lab status 2>" + shq(root_ + "/.nr");
+  const int rc = std::system(cmd.c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 1);
+  EXPECT_EQ(read_file(root_ + "/.nr"),
+            "treeduce lab needs root for network namespaces; run it as root or with sudo.\n");
+
+  // A bad lab name.
+  r = lab({"status", "--name", "a.b"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("'a.b' is not a lab name"), std::string::npos) << r.err;
+}
+
+}  // namespace
