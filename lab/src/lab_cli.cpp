@@ -730,8 +730,9 @@ class Up {
   void start_manager() {
     const std::string port_file = dir() + "/manager.port";
     std::vector<std::string> argv = {
-        manager_bin_,  "-t",      dir() + "/topology.yaml", "-l",  s_.mgmt_ip + ":0",
-        "--port-file", port_file, "--switch-lease-ms",      "5000"};
+        manager_bin_,         "-t",      dir() + "/topology.yaml", "-l",   s_.mgmt_ip + ":0",
+        "--port-file",        port_file, "--switch-lease-ms",      "5000", "--db",
+        dir() + "/manager.db"};
     s_.procs.push_back(spawn_detached("manager", "manager", argv, dir() + "/manager.log"));
     save(s_);
     const ProcRec& m = s_.procs.back();
@@ -825,7 +826,9 @@ class Up {
     y << "idle_sleep_us: " << a_.idle_sleep_us << "\nrx_desc: 256\ntx_desc: 256\nmbufs: 1024\n"
       << "metrics: 127.0.0.1:0\nmanager: " << s_.manager
       << "\nagent_listen: 127.0.0.1:0\nheartbeat_ms: 500\nfinal_stats: " << dir() << "/" << sw.name
-      << ".prom\nseed: " << index + 1 << "\n";
+      << ".prom\nseed: " << index + 1
+      << "\n# treeduce lab fault and capture: SetPortFault and SetPortCapture on the agent\n"
+      << "faults: true\n";
     Plan p;
     p.config = dir() + "/" + sw.name + ".yaml";
     std::ofstream(p.config) << y.str();
@@ -1110,6 +1113,105 @@ std::string num(double v) {
   return b;
 }
 
+// ---- link names (status, fault, capture) --------------------------------------------------------
+
+/// A link as `lab status` names it and `lab fault` / `lab capture` take it: a host's link by the
+/// host's name (`h0`), a link between switches as `LOWER-UPPER` (`leaf0-spine0`), its switch
+/// ends `SWITCH:PORT`.
+struct LinkName {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> ends;  ///< (switch, port); the first captures
+  std::string kind;
+};
+
+std::vector<LinkName> link_names(const State& s) {
+  std::vector<LinkName> out;
+  for (const SwitchRec& sw : s.switches) {
+    for (const PortRec& p : sw.ports) {
+      if (p.peer.find(':') == std::string::npos) {
+        out.push_back({p.peer, {{sw.name, p.name}}, "veth/af_packet"});
+      }
+    }
+  }
+  std::map<std::string, int> seen;
+  for (const LinkRec& l : s.switch_links) {
+    std::string n = l.a + "-" + l.b;
+    // Two links between one pair of switches: leaf0-spine0, leaf0-spine0.2.
+    if (const int k = ++seen[n]; k > 1) n += "." + std::to_string(k);
+    out.push_back({n, {{l.a, l.a_port}, {l.b, l.b_port}}, "memif"});
+  }
+  return out;
+}
+
+/// `word` as a link name, `SWITCH:PORT` (that end only), or one sentence naming the known ones.
+LinkName find_link(const State& s, const std::string& word) {
+  const auto links = link_names(s);
+  for (const LinkName& l : links) {
+    if (l.name == word) return l;
+  }
+  const std::size_t colon = word.find(':');
+  if (colon != std::string::npos) {
+    const std::string sw = word.substr(0, colon), port = word.substr(colon + 1);
+    for (const SwitchRec& r : s.switches) {
+      if (r.name != sw) continue;
+      std::vector<std::string> ports;
+      for (const PortRec& p : r.ports) {
+        if (p.name == port) return {word, {{sw, port}}, "port"};
+        ports.push_back(p.name);
+      }
+      throw Error("switch '" + sw + "' of lab '" + s.name + "' has no port '" + port +
+                      "' (its ports: " + join(ports, ", ") + ").",
+                  2);
+    }
+  }
+  std::vector<std::string> names;
+  for (const LinkName& l : links) names.push_back(l.name);
+  if (names.size() > 16) {
+    names.resize(16);
+    names.push_back("...");
+  }
+  throw Error("lab '" + s.name + "' has no link '" + word + "' (links: " + join(names, ", ") +
+                  "; or one switch end as SWITCH:PORT, as `lab status` lists them).",
+              2);
+}
+
+const FaultRec* fault_of(const State& s, const std::string& sw, const std::string& port) {
+  for (const FaultRec& f : s.faults) {
+    if (f.sw == sw && f.port == port) return &f;
+  }
+  return nullptr;
+}
+
+/// "loss 0.05, down, delay 500 us, rate 100 Mb/s"; "-" when healthy.
+std::string describe(const FaultRec& f) {
+  std::vector<std::string> w;
+  char b[64];
+  if (f.rx_loss > 0) {
+    std::snprintf(b, sizeof b, "loss %g", f.rx_loss);
+    w.push_back(b);
+  }
+  if (f.down) w.push_back("down");
+  if (f.delay_us != 0) w.push_back("delay " + std::to_string(f.delay_us) + " us");
+  if (f.rate_mbps != 0) w.push_back("rate " + std::to_string(f.rate_mbps) + " Mb/s");
+  return w.empty() ? "-" : join(w, ", ");
+}
+
+/// Per port of one switch's metrics: counter name (rx_packets, fault_down, ...) -> value.
+std::map<std::string, std::map<std::string, double>> port_samples(const std::vector<Sample>& m) {
+  std::map<std::string, std::map<std::string, double>> ports;
+  for (const Sample& x : m) {
+    if (x.name.rfind("treeduce_port_", 0) == 0 && x.labels.count("port")) {
+      std::string what = x.name.substr(14);
+      if (what.size() > 6 && what.compare(what.size() - 6, 6, "_total") == 0) {
+        what.resize(what.size() - 6);
+      }
+      if (x.labels.count("counter")) what = x.labels.at("counter");
+      ports[x.labels.at("port")][what] += x.value;
+    }
+  }
+  return ports;
+}
+
 int status(const std::string& name) {
   const State s = need_lab(name);
   bool healthy = true;
@@ -1176,17 +1278,20 @@ int status(const std::string& name) {
   std::printf("\n");
   print_table({"HOST", "ADDRESS", "MGMT", "LEAF", "NAMESPACE"}, rows);
 
+  // Links by the names `lab fault` and `lab capture` take, with the faults set on their ends.
   rows.clear();
-  for (const SwitchRec& sw : s.switches) {
-    for (const PortRec& p : sw.ports) {
-      const bool host = p.peer.find(':') == std::string::npos;
-      if (host || sw.name < p.peer) {
-        rows.push_back({sw.name + ":" + p.name, p.peer, host ? "veth/af_packet" : "memif"});
+  for (const LinkName& l : link_names(s)) {
+    std::vector<std::string> ends, faults;
+    for (const auto& [sw, port] : l.ends) {
+      ends.push_back(sw + ":" + port);
+      if (const FaultRec* f = fault_of(s, sw, port)) {
+        faults.push_back((l.ends.size() > 1 ? sw + ":" + port + " " : "") + describe(*f));
       }
     }
+    rows.push_back({l.name, join(ends, " "), l.kind, faults.empty() ? "-" : join(faults, "; ")});
   }
   std::printf("\n");
-  print_table({"LINK", "TO", "KIND"}, rows);
+  print_table({"LINK", "ENDS", "KIND", "FAULTS"}, rows);
 
   std::printf("\n");
   if (!asked) {
@@ -1227,16 +1332,9 @@ int status(const std::string& name) {
   for (const SwitchRec& sw : s.switches) {
     auto it = metrics.find(sw.name);
     if (it == metrics.end()) continue;
-    std::map<std::string, std::map<std::string, double>> ports;
+    auto ports = port_samples(it->second);
     for (const Sample& x : it->second) {
-      if (x.name.rfind("treeduce_port_", 0) == 0 && x.labels.count("port")) {
-        std::string what = x.name.substr(14);
-        if (what.size() > 6 && what.compare(what.size() - 6, 6, "_total") == 0) {
-          what.resize(what.size() - 6);
-        }
-        if (x.labels.count("counter")) what = x.labels.at("counter");
-        ports[x.labels.at("port")][what] += x.value;
-      } else if (x.name == "treeduce_switch_daemon_total" && x.value != 0) {
+      if (x.name == "treeduce_switch_daemon_total" && x.value != 0) {
         daemon.push_back(
             {sw.name, x.labels.count("counter") ? x.labels.at("counter") : "?", num(x.value)});
       } else if (x.name == "treeduce_switch_drops_total" && x.value != 0) {
@@ -1246,13 +1344,23 @@ int status(const std::string& name) {
     }
     for (const PortRec& p : sw.ports) {
       auto& c = ports[p.name];
+      // The faults and capture the switch itself reports (its gauges), beside what was asked.
+      FaultRec live;
+      live.rx_loss = c["fault_rx_loss"];
+      live.down = c["fault_down"] != 0;
+      live.delay_us = std::uint32_t(c["fault_delay_us"]);
+      live.rate_mbps = std::uint32_t(c["fault_rate_mbps"]);
+      std::string fault = describe(live);
+      if (c["capturing"] != 0) fault = (fault == "-" ? "" : fault + ", ") + "capturing";
       rows.push_back({sw.name + ":" + p.name, p.peer, num(c["rx_packets"]), num(c["tx_packets"]),
                       num(c["rx_bytes"]), num(c["tx_bytes"]),
-                      num(c["rx_missed"] + c["rx_errors"] + c["tx_errors"])});
+                      num(c["rx_missed"] + c["rx_errors"] + c["tx_errors"]), fault});
     }
   }
   std::printf("\n");
-  print_table({"PORT", "PEER", "RX_PKTS", "TX_PKTS", "RX_BYTES", "TX_BYTES", "ERRORS"}, rows);
+  print_table(
+      {"PORT", "PEER", "RX_PKTS", "TX_PKTS", "RX_BYTES", "TX_BYTES", "ERRORS", "SWITCH SAYS"},
+      rows);
   std::printf("\n");
   if (drops.empty()) {
     std::printf("drops: none\n");
@@ -1640,6 +1748,429 @@ int run_ranks(const std::string& name, const RunArgs& a) {
   return worst;
 }
 
+// ---- fault and capture --------------------------------------------------------------------------
+
+/// The switch's agent port, from its ready line ("agent port N") in its log; 0 if not there.
+int agent_port(const State& s, const std::string& sw) {
+  const std::string log = read_file(lab_dir(s.name) + "/" + sw + ".log");
+  const std::size_t r = log.rfind(" ready: ");
+  if (r == std::string::npos) return 0;
+  const std::size_t a = log.find("agent port ", r);
+  return a == std::string::npos ? 0 : std::atoi(log.c_str() + a + 11);
+}
+
+const ProcRec* proc_named(const State& s, const std::string& role, const std::string& name) {
+  for (const ProcRec& p : s.procs) {
+    if (p.role == role && p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::unique_ptr<pb::SwitchAgent::Stub> agent_of(const State& s, const std::string& sw) {
+  const ProcRec* p = proc_named(s, "switch", sw);
+  const int port = agent_port(s, sw);
+  if (p == nullptr || !ours(*p) || port == 0) {
+    throw Error("switch " + sw + " of lab '" + s.name +
+                "' does not run (`treeduce lab fault restart " + sw +
+                (s.name == "default" ? "" : " --name " + s.name) + "` starts it again).");
+  }
+  return pb::SwitchAgent::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+}
+
+/// Sets one port's whole fault state on its switch.
+void apply_fault(const State& s, const FaultRec& f) {
+  auto stub = agent_of(s, f.sw);
+  pb::PortFault m;
+  m.set_switch_name(f.sw);
+  m.set_port(f.port);
+  m.set_rx_loss(f.rx_loss);
+  m.set_down(f.down);
+  m.set_delay_us(f.delay_us);
+  m.set_rate_mbps(f.rate_mbps);
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pb::AgentReply rep;
+  const grpc::Status st = stub->SetPortFault(&c, m, &rep);
+  if (!st.ok()) {
+    std::string why = st.error_message();
+    if (st.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      why +=
+          " (this lab's switches run without `faults: true`: a lab brought up by an older "
+          "treeduce; bring it down and up again)";
+    }
+    throw Error("switch " + f.sw + " refused the fault on " + f.port + ": " + why);
+  }
+}
+
+/// Records `f` (or forgets it when it is all zero) in the state.
+void record_fault(State& s, const FaultRec& f) {
+  auto it = std::find_if(s.faults.begin(), s.faults.end(),
+                         [&](const FaultRec& x) { return x.sw == f.sw && x.port == f.port; });
+  const bool healthy = f.rx_loss == 0 && !f.down && f.delay_us == 0 && f.rate_mbps == 0;
+  if (it != s.faults.end()) s.faults.erase(it);
+  if (!healthy) s.faults.push_back(f);
+}
+
+struct FaultArgs {
+  std::string action;  ///< set, down, up, clear, kill, restart
+  std::string target;
+  std::optional<double> loss;
+  std::optional<std::uint32_t> delay_us, rate_mbps;
+};
+
+/// Waits until `done` or `bound` passes; false if it passed.
+bool wait_for(const std::function<bool()>& done, std::chrono::seconds bound) {
+  const auto end = Clock::now() + bound;
+  while (!done()) {
+    if (Clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+/// SIGTERM (SIGKILL when `hard`, or after 20 s), until it is gone.
+void stop_proc(const ProcRec& p, bool hard) {
+  if (!ours(p)) return;
+  kill(p.pid, hard ? SIGKILL : SIGTERM);
+  if (!hard && wait_for([&] { return !ours(p); }, std::chrono::seconds(20))) return;
+  kill(p.pid, SIGKILL);
+  if (!wait_for([&] { return !ours(p); }, std::chrono::seconds(20))) {
+    throw Error(p.name + " (pid " + std::to_string(p.pid) + ") does not end even with SIGKILL.");
+  }
+}
+
+/// The switch named `name`, or one sentence with the lab's switches.
+const SwitchRec& find_switch(const State& s, const std::string& name) {
+  for (const SwitchRec& sw : s.switches) {
+    if (sw.name == name) return sw;
+  }
+  std::vector<std::string> names;
+  for (const SwitchRec& sw : s.switches) names.push_back(sw.name);
+  throw Error("lab '" + s.name + "' has no switch '" + name + "' (switches: " + join(names, ", ") +
+                  "; or manager).",
+              2);
+}
+
+/// Waits until the manager lists every switch registered and up.
+void wait_switches_up(const State& s, std::chrono::seconds bound) {
+  auto stub =
+      pb::Query::NewStub(grpc::CreateChannel(s.manager, grpc::InsecureChannelCredentials()));
+  std::vector<std::string> missing;
+  const bool ok = wait_for(
+      [&] {
+        pb::SwitchList sl;
+        grpc::ClientContext c;
+        c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+        if (!stub->ListSwitches(&c, pb::ListRequest(), &sl).ok()) {
+          missing = {"(the manager does not answer)"};
+          return false;
+        }
+        missing.clear();
+        for (const auto& x : sl.switches()) {
+          if (!x.registered() || !x.up()) missing.push_back(x.name());
+        }
+        return missing.empty() && sl.switches_size() > 0;
+      },
+      bound);
+  if (!ok) {
+    throw Error("switches " + join(missing, ", ") + " are not up at the manager within " +
+                std::to_string(bound.count()) + " s; see " + lab_dir(s.name) + "/*.log.");
+  }
+}
+
+/// Starts switch `name` again from its recorded command line and waits for its ready line.
+void start_switch_again(State& s, const std::string& name) {
+  ProcRec* p = nullptr;
+  for (ProcRec& q : s.procs) {
+    if (q.role == "switch" && q.name == name) p = &q;
+  }
+  if (p == nullptr) throw Error("internal: no process for switch " + name + ".");
+  SwitchRec* rec = nullptr;
+  for (SwitchRec& r : s.switches) {
+    if (r.name == name) rec = &r;
+  }
+  // A memif server left its socket file behind when it was killed; the new one makes it again.
+  std::error_code ec;
+  fs::remove(lab_dir(s.name) + "/" + name + ".memif.sock", ec);
+  fs::remove_all("/var/run/dpdk/tl" + std::to_string(s.slot) + "-" + name, ec);
+  for (int attempt = 0;; ++attempt) {
+    // The old log goes first: its ready line is not the new process's.
+    fs::remove(p->log, ec);
+    *p = spawn_detached("switch", name, p->argv, p->log);
+    save(s);
+    const bool ended = wait_for(
+        [&] { return read_file(p->log).find(" ready: ") != std::string::npos || !ours(*p); },
+        std::chrono::seconds(120));
+    const std::string log = read_file(p->log);
+    const std::size_t r = log.find(" ready: ");
+    if (r != std::string::npos) {
+      const std::size_t m = log.find("metrics port ", r);
+      if (m != std::string::npos) rec->metrics_port = std::atoi(log.c_str() + m + 13);
+      save(s);
+      // The manager may still list the old process as up (its lease): the new one's own word.
+      if (!wait_for(
+              [&] {
+                return read_file(p->log).find(": registered with the manager") !=
+                           std::string::npos ||
+                       !ours(*p);
+              },
+              std::chrono::seconds(60)) ||
+          !ours(*p)) {
+        throw Error("treeduce-switch " + name + " did not register with the manager:\n" +
+                    tail(p->log));
+      }
+      return;
+    }
+    if (!ended) {
+      throw Error("treeduce-switch " + name + " was not ready within 120 s:\n" + tail(p->log));
+    }
+    if (attempt == 3 || !packet_fanout_lost(log)) {
+      throw Error("treeduce-switch " + name + " exited at start:\n" + tail(p->log));
+    }
+  }
+}
+
+/// `lab fault kill|restart manager`: the manager keeps its port and its database (--db), so the
+/// switches' agents reach the new one and it restores every job and tree.
+void restart_manager(State& s, bool start) {
+  ProcRec* m = nullptr;
+  for (ProcRec& q : s.procs) {
+    if (q.role == "manager") m = &q;
+  }
+  if (m == nullptr) throw Error("internal: the lab records no manager.");
+  if (!start) {
+    if (!ours(*m)) throw Error("the manager of lab '" + s.name + "' does not run.");
+    stop_proc(*m, true);
+    return;
+  }
+  stop_proc(*m, false);
+  // Listen where the switches and ranks look for it, with the same database.
+  std::vector<std::string> argv = m->argv;
+  for (std::size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "-l") argv[i + 1] = s.manager;
+  }
+  if (std::find(argv.begin(), argv.end(), "--db") == argv.end()) {
+    argv.insert(argv.end(), {"--db", lab_dir(s.name) + "/manager.db"});
+  }
+  const std::string port_file = lab_dir(s.name) + "/manager.port";
+  std::error_code ec;
+  fs::remove(port_file, ec);
+  *m = spawn_detached("manager", "manager", argv, m->log);
+  save(s);
+  if (!wait_for([&] { return !read_file(port_file).empty() || !ours(*m); },
+                std::chrono::seconds(60)) ||
+      read_file(port_file).empty()) {
+    throw Error("treeduce-manager did not listen again:\n" + tail(m->log));
+  }
+}
+
+int fault(const std::string& name, const FaultArgs& a) {
+  // One `lab fault` at a time changes a lab's state file.
+  const int lock =
+      open((lab_dir(name) + "/.fault.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock >= 0) flock(lock, LOCK_EX);
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) close(fd);
+    }
+  } closer{lock};
+  State s = need_lab(name);
+  const std::string n = name == "default" ? "" : " --name " + name;
+  if (a.action == "kill" || a.action == "restart") {
+    if (a.target == "manager") {
+      restart_manager(s, a.action == "restart");
+      if (a.action == "restart") {
+        wait_switches_up(s, std::chrono::seconds(150));
+        std::printf("manager of lab '%s' restarted (pid %d) at %s, its state restored from %s.\n",
+                    name.c_str(), proc_named(s, "manager", "manager")->pid, s.manager.c_str(),
+                    (lab_dir(name) + "/manager.db").c_str());
+      } else {
+        std::printf(
+            "manager of lab '%s' killed (SIGKILL); `treeduce lab fault restart manager%s` "
+            "starts it again.\n",
+            name.c_str(), n.c_str());
+      }
+      return 0;
+    }
+    const SwitchRec& target = find_switch(s, a.target);
+    if (a.action == "kill") {
+      const ProcRec* p = proc_named(s, "switch", target.name);
+      if (p == nullptr || !ours(*p)) {
+        throw Error("switch " + target.name + " of lab '" + name + "' does not run.");
+      }
+      stop_proc(*p, true);
+      std::printf(
+          "switch %s killed (SIGKILL); `treeduce lab fault restart %s%s` starts it "
+          "again.\n",
+          target.name.c_str(), target.name.c_str(), n.c_str());
+      return 0;
+    }
+    // Restart: the switch and every switch below it through memif links, whose clients lost
+    // their server and never reconnect (docs/switch.md, "Ports that work"); top down, each
+    // server before its clients.
+    std::set<std::string> group = {target.name};
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const LinkRec& l : s.switch_links) {
+        if (group.count(l.b) != 0 && group.insert(l.a).second) grew = true;
+      }
+    }
+    std::vector<const SwitchRec*> order;
+    for (const SwitchRec& sw : s.switches) {
+      if (group.count(sw.name) != 0) order.push_back(&sw);
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [](const SwitchRec* x, const SwitchRec* y) { return x->level > y->level; });
+    std::vector<std::string> names;
+    for (const SwitchRec* sw : order) names.push_back(sw->name);
+    // Clients first, so that none sees its server go and come back under it.
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      if (const ProcRec* p = proc_named(s, "switch", (*it)->name)) stop_proc(*p, false);
+    }
+    std::size_t reapplied = 0;
+    for (const std::string& sw : names) {
+      start_switch_again(s, sw);
+      for (const FaultRec& f : s.faults) {
+        if (f.sw == sw) {
+          apply_fault(s, f);
+          ++reapplied;
+        }
+      }
+    }
+    wait_switches_up(s, std::chrono::seconds(60));
+    std::vector<std::string> also(names.begin() + 1, names.end());
+    std::printf("switch %s restarted (pid %d)%s; %zu fault%s reapplied.\n", target.name.c_str(),
+                proc_named(s, "switch", target.name)->pid,
+                also.empty() ? ""
+                             : (", and " + join(also, ", ") +
+                                " (its memif clients, which do not reconnect by themselves)")
+                                   .c_str(),
+                reapplied, reapplied == 1 ? "" : "s");
+    return 0;
+  }
+
+  // Faults on links or ports.
+  std::vector<std::pair<std::string, std::string>> ends;
+  std::string what;
+  if (a.action == "clear" && (a.target.empty() || a.target == "all")) {
+    for (const FaultRec& f : s.faults) ends.emplace_back(f.sw, f.port);
+    what = "every link";
+  } else {
+    const LinkName l = find_link(s, a.target);
+    ends = l.ends;
+    what = l.kind == "port" ? "port " + l.name : "link " + l.name;
+  }
+  if (a.action == "set" && !a.loss && !a.delay_us && !a.rate_mbps) {
+    throw Error("give what to set: --loss F, --delay-us D and/or --rate-mbps R.", 2);
+  }
+  for (const auto& [sw, port] : ends) {
+    FaultRec f;
+    f.sw = sw;
+    f.port = port;
+    if (const FaultRec* old = fault_of(s, sw, port)) f = *old;
+    if (a.action == "set") {
+      if (a.loss) f.rx_loss = *a.loss;
+      if (a.delay_us) f.delay_us = *a.delay_us;
+      if (a.rate_mbps) f.rate_mbps = *a.rate_mbps;
+    } else if (a.action == "down") {
+      f.down = true;
+    } else if (a.action == "up") {
+      f.down = false;
+    } else {
+      f = FaultRec{sw, port};
+    }
+    apply_fault(s, f);
+    record_fault(s, f);
+    save(s);
+  }
+  std::vector<std::string> now;
+  for (const auto& [sw, port] : ends) {
+    const FaultRec* f = fault_of(s, sw, port);
+    now.push_back(sw + ":" + port + " " + (f ? describe(*f) : std::string("healthy")));
+  }
+  std::printf("%s: %s.\n", what.c_str(),
+              now.empty() ? "no faults were set" : join(now, "; ").c_str());
+  return 0;
+}
+
+struct CaptureArgs {
+  std::string link;
+  std::string output;
+  std::uint64_t count = 0;
+  double seconds = 0;
+};
+
+int capture(const std::string& name, const CaptureArgs& a) {
+  const State s = need_lab(name);
+  const LinkName l = find_link(s, a.link);
+  const std::string sw = l.ends.front().first, port = l.ends.front().second;
+  std::string path = a.output;
+  if (path.empty()) throw Error("give the file to write with -o FILE.pcap.", 2);
+  path = fs::absolute(path).lexically_normal().string();
+  if (fs::is_directory(path)) throw Error(path + " is a directory; give a file name.", 2);
+  const SwitchRec& rec = find_switch(s, sw);
+  auto stub = agent_of(s, sw);
+  auto frames_now = [&] {
+    auto ports = port_samples(parse_prometheus(get_metrics(rec.metrics_port)));
+    return ports[port]["rx_packets"] + ports[port]["tx_packets"];
+  };
+  const double base = a.count != 0 ? frames_now() : 0;
+  pb::PortCapture m;
+  m.set_switch_name(sw);
+  m.set_port(port);
+  m.set_path(path);
+  pb::PortCaptureReply rep;
+  {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status st = stub->SetPortCapture(&c, m, &rep);
+    if (!st.ok()) {
+      throw Error("switch " + sw + " cannot capture " + port + ": " + st.error_message());
+    }
+  }
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", a.seconds);
+  std::fprintf(stderr, "treeduce lab: capturing %s:%s (link %s) into %s; %s\n", sw.c_str(),
+               port.c_str(), l.name.c_str(), path.c_str(),
+               a.count != 0    ? ("until " + std::to_string(a.count) + " frames, or Ctrl-C").c_str()
+               : a.seconds > 0 ? ("for " + std::string(secs) + " s, or Ctrl-C").c_str()
+                               : "Ctrl-C stops it");
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(a.seconds));
+  while (!g_interrupted) {
+    if (a.seconds > 0 && Clock::now() >= end) break;
+    if (a.count != 0 && frames_now() - base >= double(a.count)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  m.set_path("");
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  const grpc::Status st = stub->SetPortCapture(&c, m, &rep);
+  if (!st.ok()) {
+    throw Error("switch " + sw + " did not stop the capture of " + port + ": " +
+                st.error_message());
+  }
+  // The switch wrote it as root: hand it to the user who ran sudo.
+  chmod(path.c_str(), 0644);
+  if (const char* uid = std::getenv("SUDO_UID"), *gid = std::getenv("SUDO_GID"); uid && gid) {
+    if (chown(path.c_str(), uid_t(std::atol(uid)), gid_t(std::atol(gid))) != 0) {
+      std::fprintf(stderr, "treeduce lab: cannot give %s to uid %s: %s.\n", path.c_str(), uid,
+                   std::strerror(errno));
+    }
+  }
+  std::printf("%llu frames captured on %s:%s (link %s) into %s\n",
+              static_cast<unsigned long long>(rep.frames()), sw.c_str(), port.c_str(),
+              l.name.c_str(), path.c_str());
+  // The dissector knows the treeduce port by a preference (docs/wireshark.md); a topology's other
+  // port (the fat-tree's 4791, RoCEv2's, which Wireshark would otherwise decode as RoCE) needs it.
+  const std::string udp = rec.data.substr(rec.data.rfind(':') + 1);
+  std::printf("read it with: tshark -r %s -X lua_script:treeduce.lua%s\n", path.c_str(),
+              udp == "47110" ? "" : (" -o treeduce.port:" + udp).c_str());
+  return 0;
+}
+
 // ---- the command line ---------------------------------------------------------------------------
 
 class Commands final : public LabCommands {
@@ -1692,7 +2223,60 @@ class Commands final : public LabCommands {
     run_->add_option("command", ra_.cmd, "the command, after --")->required();
     down_ =
         lab_->add_subcommand("down", "removes every process, namespace, link and file of a lab");
-    for (CLI::App* c : {up_, status_, exec_, run_, down_}) {
+    fault_ = lab_->add_subcommand(
+        "fault",
+        "injects a fault, reversibly: loss, delay, rate on a link or port, a link down, a "
+        "switch or the manager killed and restarted (shown in `lab status`)");
+    fault_->require_subcommand(1);
+    const std::string link_help =
+        "a link as `lab status` names it (h0, leaf0-spine0) or one switch end, SWITCH:PORT";
+    auto* set = fault_->add_subcommand(
+        "set",
+        "sets loss, delay and/or rate on a link's switch ends (a host's link: its switch "
+        "port); what is not given stays as it was");
+    set->add_option("link", fa_.target, link_help)->required();
+    set->add_option("--loss", loss_, "drop this fraction of the frames each end receives (0 to 1)")
+        ->check(CLI::Range(0.0, 1.0));
+    set->add_option("--delay-us", delay_,
+                    "hold each frame an end receives this long, in microseconds (0 to 1000000)")
+        ->check(CLI::Range(0, 1000000));
+    set->add_option("--rate-mbps", rate_,
+                    "release the frames an end receives at most this fast, in Mb/s (1 to 1000000; "
+                    "0: line rate)")
+        ->check(CLI::Range(0, 1000000));
+    auto* down = fault_->add_subcommand("down", "cuts a link (both directions) until `up`");
+    down->add_option("link", fa_.target, link_help)->required();
+    auto* up =
+        fault_->add_subcommand("up", "brings a link set down back up (its other faults stay)");
+    up->add_option("link", fa_.target, link_help)->required();
+    auto* clear =
+        fault_->add_subcommand("clear", "heals a link, or every link (`all`, the default)");
+    clear->add_option("link", fa_.target, link_help + ", or all");
+    auto* kill = fault_->add_subcommand("kill", "kills a switch or the manager with SIGKILL");
+    kill->add_option("switch", fa_.target, "a switch's name, or manager")->required();
+    auto* restart = fault_->add_subcommand(
+        "restart",
+        "restarts a switch (and the switches below it on memif links) or the manager (same port "
+        "and database); a restarted switch gets its faults back");
+    restart->add_option("switch", fa_.target, "a switch's name, or manager")->required();
+    fault_actions_ = {set, down, up, clear, kill, restart};
+    capture_ = lab_->add_subcommand(
+        "capture",
+        "captures every frame of a link (at one switch end) into a pcap file until Ctrl-C, "
+        "--count or --seconds");
+    capture_->add_option("link", ca_.link, link_help)->required();
+    capture_->add_option("-o,--output", ca_.output, "the pcap file to write")->required();
+    auto* count = capture_
+                      ->add_option("--count", ca_.count,
+                                   "stop once the port has received and sent this many frames")
+                      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
+    capture_->add_option("--seconds", ca_.seconds, "stop after this many seconds")
+        ->check(CLI::Range(0.001, 31536000.0))
+        ->excludes(count);
+    for (CLI::App* c : {up_, status_, exec_, run_, down_, capture_}) {
+      c->add_option("--name", name_, "the lab's name")->capture_default_str();
+    }
+    for (CLI::App* c : fault_actions_) {
       c->add_option("--name", name_, "the lab's name")->capture_default_str();
     }
   }
@@ -1717,6 +2301,22 @@ class Commands final : public LabCommands {
       }
       if (down_->parsed()) return down(name_);
       if (status_->parsed()) return status(name_);
+      if (fault_->parsed()) {
+        for (CLI::App* c : fault_actions_) {
+          if (c->parsed()) fa_.action = c->get_name();
+        }
+        if (loss_ >= 0) fa_.loss = loss_;
+        if (delay_ >= 0) fa_.delay_us = std::uint32_t(delay_);
+        if (rate_ >= 0) fa_.rate_mbps = std::uint32_t(rate_);
+        return fault(name_, fa_);
+      }
+      if (capture_->parsed()) {
+        struct sigaction sa {};
+        sa.sa_handler = on_signal;
+        sigaction(SIGINT, &sa, nullptr);
+        sigaction(SIGTERM, &sa, nullptr);
+        return capture(name_, ca_);
+      }
       if (exec_->parsed()) return exec_in(name_, host_, cmd_);
       if (run_->parsed()) {
         std::istringstream in(hosts_csv_);
@@ -1750,6 +2350,12 @@ class Commands final : public LabCommands {
   std::string host_;
   std::string hosts_csv_;
   std::vector<std::string> cmd_;
+  CLI::App *fault_ = nullptr, *capture_ = nullptr;
+  std::vector<CLI::App*> fault_actions_;
+  FaultArgs fa_;
+  double loss_ = -1;
+  long delay_ = -1, rate_ = -1;
+  CaptureArgs ca_;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -53,6 +54,17 @@ struct LinkRec {
   std::string a, a_port, b, b_port;  ///< b is the memif server (the upper level)
 };
 
+/// A fault set with `treeduce lab fault` on one switch port (the port's whole fault state, as
+/// SetPortFault takes it). Reapplied when the switch is restarted; removed when healed.
+struct FaultRec {
+  std::string sw;    ///< switch
+  std::string port;  ///< its DPDK port name
+  double rx_loss = 0;
+  bool down = false;
+  std::uint32_t delay_us = 0;
+  std::uint32_t rate_mbps = 0;
+};
+
 struct State {
   std::string name;
   int slot = -1;      ///< management subnet 198.19.<slot>.0/24 and interface prefix tl<slot>
@@ -72,6 +84,7 @@ struct State {
   std::vector<HostRec> hosts;
   std::vector<SwitchRec> switches;
   std::vector<LinkRec> switch_links;
+  std::vector<FaultRec> faults;  ///< ports with a fault set (never an all-zero one)
 };
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ProcRec, role, name, pid, argv, start, log)
@@ -80,9 +93,11 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HostRec, name, ns, ip, mgmt_ip, 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(PortRec, name, peer)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SwitchRec, name, level, data, metrics_port, ports)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LinkRec, a, a_port, b, b_port)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FaultRec, sw, port, rx_loss, down, delay_us,
+                                                rate_mbps)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(State, name, slot, phase, up_pid, up_start, mtu,
                                                 bridge, mgmt_ip, manager, up_seconds, namespaces,
                                                 links, dpdk_prefixes, sockets, procs, hosts,
-                                                switches, switch_links)
+                                                switches, switch_links, faults)
 
 }  // namespace treeduce::lab

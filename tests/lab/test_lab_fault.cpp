@@ -1,0 +1,420 @@
+// `treeduce lab fault` and `treeduce lab capture` through the real treeduce binary (docs/lab.md,
+// "Faults and captures"): on a --fat-tree 2 lab (leaf0 and leaf1 under spine0, hosts h0-0 and
+// h1-0), loss, delay and rate on links with exact runs, a link down (fallback or a loud failure,
+// never a wrong result) and up again, a switch killed and restarted, the manager restarted, a
+// capture decoded by tshark with the dissector, and bad input. Needs root.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "treeduce/aggregation/dtype.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string shq(const std::string& w) {
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> v;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+/// The line of `text` that starts with `head`, "" if none.
+std::string line_of(const std::string& text, const std::string& head) {
+  for (const std::string& l : lines(text)) {
+    if (l.rfind(head, 0) == 0) return l;
+  }
+  return "";
+}
+
+/// The row of the LINK table for link `name`.
+std::string link_row(const std::string& text, const std::string& name) {
+  for (const std::string& l : lines(text)) {
+    if (l.rfind(name + " ", 0) == 0 && (l.find(" memif ") != std::string::npos ||
+                                        l.find(" veth/af_packet ") != std::string::npos)) {
+      return l;
+    }
+  }
+  return "";
+}
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+class LabFault : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces)";
+    char tmpl[] = "/tmp/treeduce-labfault-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override {
+    if (root_.empty()) return;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root_, ec)) {
+      if (e.is_directory()) lab({"down", "--name", e.path().filename().string()});
+    }
+    fs::remove_all(root_, ec);
+  }
+
+  std::string env_prefix() const {
+    return "env TREEDUCE_LAB_ROOT=" + shq(root_) + " PATH=" +
+           shq(fs::path(TREEDUCE_PERF_BIN).parent_path().string() + ":" + std::getenv("PATH")) +
+           " " + shq(TREEDUCE_CLI_BIN) + " lab";
+  }
+
+  Result lab(const std::vector<std::string>& args, const std::string& cwd = "") {
+    std::string cmd = (cwd.empty() ? "" : "cd " + shq(cwd) + " && ") + env_prefix();
+    for (const auto& a : args) cmd += " " + shq(a);
+    static std::atomic<int> calls{0};
+    const std::string id = std::to_string(calls++);
+    const std::string out = root_ + "/.out" + id, err = root_ + "/.err" + id;
+    cmd += " >" + shq(out) + " 2>" + shq(err) + " </dev/null";
+    const int rc = std::system(cmd.c_str());
+    Result r;
+    r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    r.out = read_file(out);
+    r.err = read_file(err);
+    return r;
+  }
+
+  /// treeduce-perf on both hosts: 2 ranks, 1 KiB to 16 KiB.
+  Result perf(const std::string& n, const std::string& dtype = "f32",
+              const std::string& op = "sum") {
+    return lab({"run", "--name", n,     "--",    "treeduce-perf",
+                "-b",  "1024",   "-e",  "16384", "-f",
+                "4",   "-d",     dtype, "-o",    op,
+                "-n",  "2",      "-w",  "0",     "-c",
+                "1"});
+  }
+
+  nlohmann::json state(const std::string& n) {
+    return nlohmann::json::parse(read_file(root_ + "/" + n + "/state.json"));
+  }
+
+  std::string root_;
+};
+
+/// A daemon counter of one switch in `lab status` ("SWITCH  COUNTER  N"), 0 if not listed.
+double daemon_counter(const std::string& status, const std::string& sw, const std::string& c) {
+  for (const std::string& l : lines(status)) {
+    std::istringstream in(l);
+    std::string a, b;
+    double v = 0;
+    if (in >> a >> b >> v && a == sw && b == c) return v;
+  }
+  return 0;
+}
+
+TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
+  const std::string n = "f" + std::to_string(getpid());
+  Result r = lab({"up", "--fat-tree", "2", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+
+  // Links by their names, healthy.
+  r = lab({"status", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(link_row(r.out, "leaf0-spine0").find("leaf0:net_memif0 spine0:net_memif0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(link_row(r.out, "h0-0").find("leaf0:net_af_packet0"), std::string::npos) << r.out;
+  EXPECT_TRUE(state(n)["faults"].empty());
+
+  // Loss on a switch link, both ends: exact, and the switches count what they dropped.
+  r = lab({"fault", "set", "leaf0-spine0", "--loss", "0.2", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "link leaf0-spine0: leaf0:net_memif0 loss 0.2; spine0:net_memif0 loss 0.2.\n");
+  r = perf(n);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[h0-0] # verified: 0 wrong elements"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", 0 on the hosts"), std::string::npos) << r.out;
+  r = lab({"status", "--name", n});
+  EXPECT_NE(
+      link_row(r.out, "leaf0-spine0").find("leaf0:net_memif0 loss 0.2; spine0:net_memif0 loss 0.2"),
+      std::string::npos)
+      << r.out;
+  EXPECT_NE(line_of(r.out, "spine0:net_memif0 ").find("loss 0.2"), std::string::npos) << r.out;
+  EXPECT_GT(daemon_counter(r.out, "leaf0", "injected_loss") +
+                daemon_counter(r.out, "spine0", "injected_loss"),
+            0)
+      << r.out;
+  EXPECT_EQ(state(n)["faults"].size(), 2u);
+
+  // A straggler: h1-0's link delayed and slowed, on top of the loss; shown, exact.
+  r = lab({"fault", "set", "h1-0", "--delay-us", "2000", "--rate-mbps", "50", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "link h1-0: leaf1:net_af_packet0 delay 2000 us, rate 50 Mb/s.\n");
+  r = lab({"status", "--name", n});
+  EXPECT_NE(link_row(r.out, "h1-0").find("delay 2000 us, rate 50 Mb/s"), std::string::npos)
+      << r.out;
+  EXPECT_NE(line_of(r.out, "leaf1:net_af_packet0 ").find("delay 2000 us, rate 50 Mb/s"),
+            std::string::npos)
+      << r.out;
+  r = perf(n, "i32", "max");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[h0-0] # verified: 0 wrong elements"), std::string::npos) << r.out;
+
+  // clear one link, then all.
+  r = lab({"fault", "clear", "h1-0", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "link h1-0: leaf1:net_af_packet0 healthy.\n");
+  r = lab({"fault", "clear", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(state(n)["faults"].empty());
+  r = lab({"status", "--name", n});
+  const std::string healed = link_row(r.out, "leaf0-spine0");
+  EXPECT_EQ(healed.substr(healed.size() - 3), "  -") << r.out;
+  EXPECT_EQ(line_of(r.out, "spine0:net_memif0 ").find("loss"), std::string::npos) << r.out;
+
+  // A link down: the ranks fall back to the hosts, or fail saying so; never a wrong result.
+  r = lab({"fault", "down", "leaf0-spine0", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = lab({"status", "--name", n});
+  EXPECT_NE(line_of(r.out, "leaf0:net_memif0 ").find("down"), std::string::npos) << r.out;
+  r = perf(n);
+  if (r.status == 0) {
+    EXPECT_NE(r.out.find("[h0-0] # verified: 0 wrong elements"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(", 0 on the hosts"), std::string::npos) << r.out;
+  } else {
+    EXPECT_NE(r.err.find("failed"), std::string::npos) << r.out << r.err;
+  }
+  EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
+  // up: in the network again.
+  r = lab({"fault", "up", "leaf0-spine0", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "link leaf0-spine0: leaf0:net_memif0 healthy; spine0:net_memif0 healthy.\n");
+  r = perf(n);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[h0-0] # verified: 0 wrong elements"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", 0 on the hosts"), std::string::npos) << r.out;
+
+  // Kill the spine: status says so; restart it (and its memif clients, the leaves) with its
+  // fault reapplied; a run is in the network again.
+  r = lab({"fault", "set", "spine0:net_memif1", "--loss", "0.1", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const int spine_pid = [&] {
+    const nlohmann::json st = state(n);
+    for (const auto& p : st["procs"]) {
+      if (p["name"] == "spine0") return p["pid"].get<int>();
+    }
+    return -1;
+  }();
+  r = lab({"fault", "kill", "spine0", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(line_of(r.out, "spine0 ").find(" DEAD "), std::string::npos) << r.out;
+  EXPECT_NE(link_row(r.out, "leaf1-spine0").find("loss 0.1"), std::string::npos) << r.out;
+  r = lab({"fault", "restart", "spine0", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("switch spine0 restarted"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("and leaf0, leaf1 (its memif clients"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 fault reapplied"), std::string::npos) << r.out;
+  r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(line_of(r.out, "spine0 ").find(std::to_string(spine_pid)), std::string::npos);
+  EXPECT_NE(line_of(r.out, "spine0:net_memif1 ").find("loss 0.1"), std::string::npos) << r.out;
+  r = perf(n);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[h0-0] # verified: 0 wrong elements"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", 0 on the hosts"), std::string::npos) << r.out;
+  // A leaf alone: a memif client, nothing else restarts.
+  r = lab({"fault", "restart", "leaf1", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("memif clients"), std::string::npos) << r.out;
+  r = perf(n);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find(", 0 on the hosts"), std::string::npos) << r.out;
+
+  // The manager: killed, then restarted on its port and database; runs go on in the network.
+  r = lab({"fault", "kill", "manager", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("DEAD"), std::string::npos) << r.out;
+  r = lab({"fault", "restart", "manager", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("state restored from"), std::string::npos) << r.out;
+  r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = perf(n);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find(", 0 on the hosts"), std::string::npos) << r.out;
+
+  // A capture of leaf0-spine0 (at leaf0) during an i32 max run, to a relative path, stopped by
+  // SIGTERM; tshark decodes it with the dissector.
+  const std::string cwd = root_ + "/cwd";
+  fs::create_directories(cwd);
+  const std::string out = root_ + "/.capture.out";
+  std::string cmd = "cd " + shq(cwd) + " && exec " + env_prefix() +
+                    " capture leaf0-spine0 -o up.pcap --name " + shq(n) + " >" + shq(out) + " 2>&1";
+  pid_t cap = -1;
+  const char* argv[] = {"sh", "-c", cmd.c_str(), nullptr};
+  ASSERT_EQ(posix_spawn(&cap, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  // Started once the switch says the port is captured.
+  for (bool capturing = false; !capturing;) {
+    int st = 0;
+    ASSERT_EQ(waitpid(cap, &st, WNOHANG), 0) << read_file(out);
+    capturing = line_of(lab({"status", "--name", n}).out, "leaf0:net_memif0 ").find("capturing") !=
+                std::string::npos;
+  }
+  r = perf(n, "i32", "max");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find(", 0 on the hosts"), std::string::npos) << r.out;
+  kill(cap, SIGTERM);
+  int st = 0;
+  ASSERT_EQ(waitpid(cap, &st, 0), cap);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_file(out);
+  const std::string pcap = cwd + "/up.pcap";
+  std::smatch m;
+  const std::string said = read_file(out);
+  ASSERT_TRUE(std::regex_search(said, m,
+                                std::regex("([0-9]+) frames captured on leaf0:net_memif0 "
+                                           "\\(link leaf0-spine0\\) into " +
+                                           pcap)))
+      << said;
+  const int frames = std::stoi(m[1]);
+  EXPECT_GT(frames, 0);
+  EXPECT_TRUE(fs::exists(pcap));
+  std::string fields;
+  {
+    const std::string tcmd = "tshark -n -r " + shq(pcap) +
+                             " -X lua_script:" TREEDUCE_DISSECTOR
+                             " -o treeduce.port:4791 -T fields -E separator=/t"
+                             " -e treeduce.opcode -e treeduce.dtype "
+                             "-e treeduce.op -e treeduce.tree_id 2>/dev/null";
+    FILE* p = popen(tcmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[4096];
+    for (std::size_t k; (k = fread(buf, 1, sizeof buf, p)) > 0;) fields.append(buf, k);
+    EXPECT_EQ(pclose(p), 0);
+  }
+  const auto rows = lines(fields);
+  EXPECT_EQ(int(rows.size()), frames);
+  std::set<std::string> opcodes, trees;
+  int treeduce_rows = 0, max_rows = 0, sum_rows = 0;
+  const std::string want_dtype = std::to_string(int(treeduce::DType::i32));
+  const std::string want_op = std::to_string(int(treeduce::ReduceOp::max));
+  const std::string want_sum = std::to_string(int(treeduce::ReduceOp::sum));
+  for (const std::string& row : rows) {
+    std::istringstream in(row);
+    std::string opc, dt, op, tree;
+    if (!std::getline(in, opc, '\t') || opc.empty()) continue;  // ARP, ICMP
+    std::getline(in, dt, '\t');
+    std::getline(in, op, '\t');
+    std::getline(in, tree, '\t');
+    ++treeduce_rows;
+    opcodes.insert(opc);
+    trees.insert(tree);
+    // The run's i32 max, and treeduce-perf's own i32 sums of the ranks' wrong counts.
+    EXPECT_EQ(dt, want_dtype) << row;
+    max_rows += op == want_op;
+    sum_rows += op == want_sum;
+    EXPECT_TRUE(op == want_op || op == want_sum) << row;
+  }
+  EXPECT_GT(treeduce_rows, 0) << fields;
+  EXPECT_GT(max_rows, sum_rows) << fields;
+  // Partials going up (CONTRIB, 1) and results coming down (RESULT, 2), of one tree.
+  EXPECT_EQ(opcodes, (std::set<std::string>{"1", "2"})) << fields;
+  EXPECT_EQ(trees.size(), 1u) << fields;
+
+  // --count: stops by itself once the port has seen that many frames (the run makes them).
+  const std::string out2 = root_ + "/.capture2.out";
+  cmd = "exec " + env_prefix() + " capture h0-0 -o " + shq(root_ + "/h0.pcap") +
+        " --count 10 --name " + shq(n) + " >" + shq(out2) + " 2>&1";
+  const char* argv2[] = {"sh", "-c", cmd.c_str(), nullptr};
+  ASSERT_EQ(posix_spawn(&cap, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv2), environ), 0);
+  for (bool capturing = false; !capturing;) {
+    ASSERT_EQ(waitpid(cap, &st, WNOHANG), 0) << read_file(out2);
+    capturing =
+        line_of(lab({"status", "--name", n}).out, "leaf0:net_af_packet0 ").find("capturing") !=
+        std::string::npos;
+  }
+  r = perf(n);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  ASSERT_EQ(waitpid(cap, &st, 0), cap);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_file(out2);
+  EXPECT_NE(read_file(out2).find(" frames captured on leaf0:net_af_packet0 (link h0-0)"),
+            std::string::npos)
+      << read_file(out2);
+
+  r = lab({"down", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+TEST_F(LabFault, BadInputOneSentence) {
+  const std::string n = "b" + std::to_string(getpid());
+  Result r = lab({"fault", "down", "h0", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("no lab named '" + n + "' is up"), std::string::npos) << r.err;
+  r = lab({"up", "--leaf", "2", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  r = lab({"fault", "down", "h7", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "treeduce lab: lab '" + n +
+                       "' has no link 'h7' (links: h0, h1; or one switch end as SWITCH:PORT, as "
+                       "`lab status` lists them).\n");
+  r = lab({"fault", "set", "leaf0:net_tap3", "--loss", "0.1", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "treeduce lab: switch 'leaf0' of lab '" + n +
+                       "' has no port 'net_tap3' (its ports: net_af_packet0, net_af_packet1).\n");
+  r = lab({"fault", "kill", "spine9", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "treeduce lab: lab '" + n +
+                       "' has no switch 'spine9' (switches: leaf0; or manager).\n");
+  r = lab({"fault", "set", "h0", "--loss", "1.5", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--loss"), std::string::npos) << r.err;
+  r = lab({"fault", "set", "h0", "--delay-us", "2000000", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--delay-us"), std::string::npos) << r.err;
+  r = lab({"fault", "set", "h0", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "treeduce lab: give what to set: --loss F, --delay-us D and/or --rate-mbps R.\n");
+  r = lab({"capture", "h0", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--output"), std::string::npos) << r.err;
+  r = lab({"capture", "h0", "-o", root_, "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "treeduce lab: " + root_ + " is a directory; give a file name.\n");
+  // Nothing was changed by any of it.
+  EXPECT_TRUE(state(n)["faults"].empty());
+  r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.out;
+}
+
+}  // namespace
