@@ -212,6 +212,13 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
     EXPECT_NE(r.err.find("failed"), std::string::npos) << r.out << r.err;
   }
   EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
+  // Held to the network path, the ranks fail loudly, with no wrong element.
+  r = lab({"run", "--name", n, "--", "env", "TREEDUCE_PATH=network", "treeduce-perf", "-b", "1024",
+           "-e", "1024", "-n", "1", "-w", "0", "-c", "1"});
+  EXPECT_NE(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("FAILED"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find(" failed operations, 0 wrong elements"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(": 0 failed operations"), std::string::npos) << r.err;
   // up: in the network again.
   r = lab({"fault", "up", "leaf0-spine0", "--name", n});
   ASSERT_EQ(r.status, 0) << r.err;
@@ -238,6 +245,15 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(line_of(r.out, "spine0 ").find(" DEAD "), std::string::npos) << r.out;
   EXPECT_NE(link_row(r.out, "leaf1-spine0").find("loss 0.1"), std::string::npos) << r.out;
+  // Without the spine: on the hosts, exactly, or a loud failure.
+  r = perf(n);
+  if (r.status == 0) {
+    EXPECT_NE(r.out.find("[h0-0] # verified: 0 wrong elements"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(", 0 on the hosts"), std::string::npos) << r.out;
+  } else {
+    EXPECT_FALSE(r.err.empty()) << r.out;
+  }
+  EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
   r = lab({"fault", "restart", "spine0", "--name", n});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("switch spine0 restarted"), std::string::npos) << r.out;
