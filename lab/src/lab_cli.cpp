@@ -2065,6 +2065,8 @@ int fault(const std::string& name, const FaultArgs& a) {
   if (a.action == "set" && !a.loss && !a.delay_us && !a.rate_mbps) {
     throw Error("give what to set: --loss F, --delay-us D and/or --rate-mbps R.", 2);
   }
+  // Every end's switch must run before any is changed: a link is never left half faulted.
+  for (const auto& end : ends) agent_of(s, end.first);
   for (const auto& [sw, port] : ends) {
     FaultRec f;
     f.sw = sw;
@@ -2100,14 +2102,33 @@ struct CaptureArgs {
   std::string output;
   std::uint64_t count = 0;
   double seconds = 0;
+  bool stop = false;  ///< only stop a capture left running (its `lab capture` was killed)
 };
 
 int capture(const std::string& name, const CaptureArgs& a) {
   const State s = need_lab(name);
   const LinkName l = find_link(s, a.link);
   const std::string sw = l.ends.front().first, port = l.ends.front().second;
+  if (a.stop) {
+    auto stub = agent_of(s, sw);
+    pb::PortCapture m;
+    m.set_switch_name(sw);
+    m.set_port(port);
+    pb::PortCaptureReply rep;
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const grpc::Status st = stub->SetPortCapture(&c, m, &rep);
+    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      throw Error("no capture runs on " + sw + ":" + port + " (link " + l.name + ").");
+    }
+    if (!st.ok()) throw Error("switch " + sw + " cannot stop the capture: " + st.error_message());
+    std::printf("%llu frames captured on %s:%s (link %s); the capture is stopped\n",
+                static_cast<unsigned long long>(rep.frames()), sw.c_str(), port.c_str(),
+                l.name.c_str());
+    return 0;
+  }
   std::string path = a.output;
-  if (path.empty()) throw Error("give the file to write with -o FILE.pcap.", 2);
+  if (path.empty()) throw Error("give the file to write with -o FILE.pcap (or --stop).", 2);
   path = fs::absolute(path).lexically_normal().string();
   if (fs::is_directory(path)) throw Error(path + " is a directory; give a file name.", 2);
   const SwitchRec& rec = find_switch(s, sw);
@@ -2126,6 +2147,13 @@ int capture(const std::string& name, const CaptureArgs& a) {
     grpc::ClientContext c;
     c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     const grpc::Status st = stub->SetPortCapture(&c, m, &rep);
+    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      throw Error(sw + ":" + port + " (link " + l.name +
+                  ") is being captured already; stop that capture with Ctrl-C, or with `treeduce "
+                  "lab capture " +
+                  a.link + " --stop" + (name == "default" ? "" : " --name " + name) +
+                  "` if its `lab capture` is gone.");
+    }
     if (!st.ok()) {
       throw Error("switch " + sw + " cannot capture " + port + ": " + st.error_message());
     }
@@ -2265,7 +2293,11 @@ class Commands final : public LabCommands {
         "captures every frame of a link (at one switch end) into a pcap file until Ctrl-C, "
         "--count or --seconds");
     capture_->add_option("link", ca_.link, link_help)->required();
-    capture_->add_option("-o,--output", ca_.output, "the pcap file to write")->required();
+    auto* output = capture_->add_option("-o,--output", ca_.output, "the pcap file to write");
+    capture_
+        ->add_flag("--stop", ca_.stop,
+                   "only stop a capture of LINK left running (its `lab capture` was killed)")
+        ->excludes(output);
     auto* count = capture_
                       ->add_option("--count", ca_.count,
                                    "stop once the port has received and sent this many frames")

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -245,6 +246,13 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(line_of(r.out, "spine0 ").find(" DEAD "), std::string::npos) << r.out;
   EXPECT_NE(link_row(r.out, "leaf1-spine0").find("loss 0.1"), std::string::npos) << r.out;
+  // A link with a dead end is refused whole: its live end is left as it was.
+  r = lab({"fault", "set", "leaf0-spine0", "--loss", "0.3", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err, "treeduce lab: switch spine0 of lab '" + n +
+                       "' does not run (`treeduce lab fault restart spine0 --name " + n +
+                       "` starts it again).\n");
+  EXPECT_EQ(state(n)["faults"].size(), 1u);
   // Without the spine: on the hosts, exactly, or a loud failure.
   r = perf(n);
   if (r.status == 0) {
@@ -369,8 +377,9 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
 
   // --count: stops by itself once the port has seen that many frames (the run makes them).
   const std::string out2 = root_ + "/.capture2.out";
-  cmd = "exec " + env_prefix() + " capture h0-0 -o " + shq(root_ + "/h0.pcap") +
-        " --count 10 --name " + shq(n) + " >" + shq(out2) + " 2>&1";
+  // Run as if by sudo from uid 65534: the file is handed to that user.
+  cmd = "exec env SUDO_UID=65534 SUDO_GID=65534 " + env_prefix() + " capture h0-0 -o " +
+        shq(root_ + "/h0.pcap") + " --count 10 --name " + shq(n) + " >" + shq(out2) + " 2>&1";
   const char* argv2[] = {"sh", "-c", cmd.c_str(), nullptr};
   ASSERT_EQ(posix_spawn(&cap, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv2), environ), 0);
   for (bool capturing = false; !capturing;) {
@@ -386,6 +395,42 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
   EXPECT_NE(read_file(out2).find(" frames captured on leaf0:net_af_packet0 (link h0-0)"),
             std::string::npos)
       << read_file(out2);
+  struct stat sb {};
+  ASSERT_EQ(stat((root_ + "/h0.pcap").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_uid, 65534u);
+  EXPECT_EQ(sb.st_mode & 0777, 0644u);
+
+  // A capture whose `lab capture` was killed with -9 keeps running: a second one is refused
+  // with the way out, --stop.
+  cmd = "exec " + env_prefix() + " capture leaf1-spine0 -o " + shq(root_ + "/l1.pcap") +
+        " --name " + shq(n) + " >/dev/null 2>&1";
+  const char* argv3[] = {"sh", "-c", cmd.c_str(), nullptr};
+  ASSERT_EQ(posix_spawn(&cap, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv3), environ), 0);
+  for (bool capturing = false; !capturing;) {
+    ASSERT_EQ(waitpid(cap, &st, WNOHANG), 0);
+    capturing = line_of(lab({"status", "--name", n}).out, "leaf1:net_memif0 ").find("capturing") !=
+                std::string::npos;
+  }
+  kill(cap, SIGKILL);
+  ASSERT_EQ(waitpid(cap, &st, 0), cap);
+  r = lab({"capture", "leaf1-spine0", "-o", root_ + "/l1b.pcap", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err,
+            "treeduce lab: leaf1:net_memif0 (link leaf1-spine0) is being captured already; "
+            "stop that capture with Ctrl-C, or with `treeduce lab capture leaf1-spine0 "
+            "--stop --name " +
+                n + "` if its `lab capture` is gone.\n");
+  r = lab({"capture", "leaf1-spine0", "--stop", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(" frames captured on leaf1:net_memif0 (link leaf1-spine0); the capture is "
+                       "stopped"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(line_of(lab({"status", "--name", n}).out, "leaf1:net_memif0 ").find("capturing"),
+            std::string::npos);
+  r = lab({"capture", "leaf1-spine0", "--stop", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err, "treeduce lab: no capture runs on leaf1:net_memif0 (link leaf1-spine0).\n");
 
   r = lab({"down", "--name", n});
   EXPECT_EQ(r.status, 0) << r.err;
@@ -423,7 +468,7 @@ TEST_F(LabFault, BadInputOneSentence) {
             "treeduce lab: give what to set: --loss F, --delay-us D and/or --rate-mbps R.\n");
   r = lab({"capture", "h0", "--name", n});
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("--output"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err, "treeduce lab: give the file to write with -o FILE.pcap (or --stop).\n");
   r = lab({"capture", "h0", "-o", root_, "--name", n});
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.err, "treeduce lab: " + root_ + " is a directory; give a file name.\n");
