@@ -2305,7 +2305,7 @@ class Commands final : public LabCommands {
     capture_->add_option("--seconds", ca_.seconds, "stop after this many seconds")
         ->check(CLI::Range(0.001, 31536000.0))
         ->excludes(count);
-    for (CLI::App* c : {up_, status_, exec_, run_, down_, capture_}) {
+    for (CLI::App* c : {up_, status_, exec_, run_, down_, capture_, fault_}) {
       c->add_option("--name", name_, "the lab's name")->capture_default_str();
     }
     for (CLI::App* c : fault_actions_) {
