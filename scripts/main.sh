@@ -150,6 +150,13 @@ take_down() {
     return 1
   fi
 }
+stop_if_interrupted() {
+  [ "$interrupted" -ne 0 ] || return 0
+  echo "interrupted: taking the lab down"
+  take_down
+  echo "main job: interrupted; lab removed"
+  exit "$interrupted"
+}
 # Whatever ends the script (an unexpected error too) takes the lab down.
 trap 'take_down; rm -rf "$tmp"' EXIT
 
@@ -177,12 +184,7 @@ set +e
 rc=$?
 set -e
 if [ "$rc" -eq 0 ]; then owned=1; fi
-if [ "$interrupted" -ne 0 ]; then
-  echo "interrupted: taking the lab down"
-  take_down
-  echo "main job: interrupted; lab removed"
-  exit "$interrupted"
-fi
+stop_if_interrupted
 if [ "$rc" -ne 0 ]; then
   # A failed up removes what it made (docs/lab.md); its sentence says why.
   sed 's/^/      /' "$tmp/up.err" >&2
@@ -197,8 +199,9 @@ echo "      state and logs in $lab_dir" \
 # segmentation offload off in every host, as treeduce-fabric does.
 if [ "$gso" -eq 1 ]; then
   for h in "${hosts[@]}"; do
+    [ "$interrupted" -eq 0 ] || break
     if ! "$cli" lab exec --name "$name" "$h" -- ethtool -K eth0 \
-      tx-udp-segmentation off >"$tmp/ethtool.out" 2>&1; then
+      tx-udp-segmentation off >"$tmp/ethtool.out" 2>&1 && [ "$interrupted" -eq 0 ]; then
       cat "$tmp/ethtool.out" >&2
       echo "main.sh: cannot turn UDP segmentation offload off on $h's veth" \
         "(is ethtool installed?)" >&2
@@ -209,13 +212,16 @@ if [ "$gso" -eq 1 ]; then
   done
 fi
 
+stop_if_interrupted
+
 echo "[2/3] allreduce: treeduce lab run of treeduce-perf on ${hosts[*]} (4 ranks, libtreeduce)," \
   "every result checked"
 t0=$(now_ms)
 # Rank 0's lines are the table: shown without their [h0] prefix, the other lines as they come.
-# The filter runs in the background (so it ignores Ctrl-C) and reads until lab run is done.
+# The filter ignores Ctrl-C and SIGTERM and reads until lab run, which they stop, is done.
 mkfifo "$tmp/run.fifo"
 (
+  trap '' INT TERM
   while IFS= read -r line; do
     printf '%s\n' "$line" >>"$tmp/run.log"
     case "$line" in
