@@ -219,8 +219,9 @@ class LabJobs : public ::testing::Test {
   /// "Build"): cc with pkg-config's flags from the build tree's treeduce-uninstalled.pc.
   std::string rank_program() {
     const std::string bin = root_ + "/lab_job_rank";
-    const std::string cmd = "PKG_CONFIG_PATH=" + shq(TREEDUCE_PKGCONFIG_DIR) +
-                            " sh -c 'cc -O2 -Wall -Wextra -Werror \"$0\" $(pkg-config --cflags "
+    const std::string cmd = "PKG_CONFIG_PATH=" + shq(TREEDUCE_PKGCONFIG_DIR) + " sh -c 'cc " +
+                            TREEDUCE_SANITIZE +
+                            " -O2 -Wall -Wextra -Werror \"$0\" $(pkg-config --cflags "
                             "--libs treeduce) -o \"$1\"' " +
                             shq(std::string(TREEDUCE_SOURCE_ROOT) + "/tests/lab/lab_job_rank.c") +
                             " " + shq(bin) + " >" + shq(root_ + "/.cc") + " 2>&1";
