@@ -1,4 +1,5 @@
-// treeduce-fabric: the main job (scripts/main.sh) and the allreduce benchmark (scripts/bench.sh).
+// treeduce-fabric: the allreduce benchmark's fabric (scripts/bench.sh); the main job was it before
+// it moved to `treeduce lab` (scripts/main.sh).
 // Brings up a whole emulated fabric on this machine (a treeduce-manager, treeduce-switch
 // processes, four host ranks in their own network namespaces), runs treeduce-perf on the four
 // ranks (libtreeduce: the ranks join the job through the manager, which installs the tree on the
@@ -93,7 +94,7 @@ std::vector<std::string> mpirun_argv(Lab& lab, const Fabric& fab,
 int main(int argc, char** argv) {
   CLI::App app{
       "treeduce-fabric: an emulated fabric (manager, treeduce-switch processes, 4 host ranks in "
-      "network namespaces) running treeduce-perf; the main job and the allreduce benchmark"};
+      "network namespaces) running treeduce-perf; the allreduce benchmark's fabric"};
   double loss = 0;
   std::string topology = "two-level", hosts = "udp", json_out;
   std::vector<std::string> baselines;

@@ -1,4 +1,4 @@
-// treeduce-fabric, the main job's and the benchmark's fabric, as a user runs it (the built
+// treeduce-fabric, the benchmark's fabric, as a user runs it (the built
 // binary): one leaf switch with jumbo frames and 8 KiB payloads, kernel UDP hosts with GSO and
 // kernel-bypass hosts (libtreeduce's DPDK transport on memif), and treeduce-perf's Gloo and
 // Open MPI baselines launched by mpirun inside the host namespaces. Every row must be verified on
