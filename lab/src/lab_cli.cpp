@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -482,6 +483,7 @@ struct UpArgs {
   std::string name = "default";
   std::string topology_file;
   std::uint32_t fat_tree = 0;
+  std::string rail;  ///< "GROUPS,SERVERS,RAILS,SPINES": make_rail_optimised
   int leaf = 0;
   int mtu = 1500;
   int dpdk_mem_mb = 0;  ///< 0: by port count (dpdk_mem_for)
@@ -534,8 +536,33 @@ class Up {
   std::string pfx() const { return "tl" + std::to_string(s_.slot); }
 
   ctl::Topology topology() {
-    const int given = !a_.topology_file.empty() + (a_.fat_tree != 0) + (a_.leaf != 0);
-    if (given > 1) throw Error("give one of TOPOLOGY.yaml, --fat-tree K and --leaf N.", 2);
+    const int given =
+        !a_.topology_file.empty() + (a_.fat_tree != 0) + !a_.rail.empty() + (a_.leaf != 0);
+    if (given > 1)
+      throw Error("give one of TOPOLOGY.yaml, --fat-tree K, --rail G,S,R,P and --leaf N.", 2);
+    if (!a_.rail.empty()) {
+      std::uint32_t v[4] = {};
+      std::vector<std::string> parts;
+      std::istringstream in(a_.rail);
+      for (std::string x; std::getline(in, x, ',');) parts.push_back(x);
+      bool good = parts.size() == 4;
+      for (std::size_t i = 0; good && i < 4; ++i) {
+        const char* b = parts[i].data();
+        const char* e = b + parts[i].size();
+        auto [p, ec] = std::from_chars(b, e, v[i]);
+        good = ec == std::errc{} && p == e && b != e;
+      }
+      if (!good)
+        throw Error(
+            "--rail takes GROUPS,SERVERS,RAILS,SPINES, four numbers (for example 1,4,2,1), "
+            "not '" +
+                a_.rail + "'.",
+            2);
+      auto t = ctl::make_rail_optimised(v[0], v[1], v[2], v[3], "server");
+      if (!t.ok()) throw Error("--rail " + a_.rail + ": " + t.status().message(), 2);
+      manager_yaml_ = to_yaml(*t);
+      return std::move(*t);
+    }
     if (a_.fat_tree != 0) {
       auto t = ctl::make_fat_tree2(a_.fat_tree, "server");
       if (!t.ok()) throw Error(t.status().message(), 2);
@@ -2210,7 +2237,8 @@ class Commands final : public LabCommands {
         "(docs/lab.md)");
     lab_->require_subcommand(1);
     up_ = lab_->add_subcommand("up",
-                               "brings a lab up: a topology file, --fat-tree K or --leaf N "
+                               "brings a lab up: a topology file, --fat-tree K, --rail G,S,R,P or "
+                               "--leaf N "
                                "(default: --leaf 4)");
     up_->add_option("topology", ua_.topology_file,
                     "topology YAML file (the manager's format, docs/manager.md)");
@@ -2218,6 +2246,9 @@ class Commands final : public LabCommands {
                     "two-level k-ary fat-tree: k leaves of k/2 hosts, "
                     "k/2 spines")
         ->check(CLI::Range(2, 128));
+    up_->add_option("--rail", ua_.rail,
+                    "rail-optimised: GROUPS,SERVERS,RAILS,SPINES (rail r of every server of a "
+                    "group on that group's rail-r leaf; each server's rail a host of its own)");
     up_->add_option("--leaf", ua_.leaf, "one switch with N hosts")->check(CLI::Range(1, 32));
     up_->add_option("--mtu", ua_.mtu, "MTU of every data link (above 1500: jumbo frames)")
         ->check(CLI::Range(1280, 8400))

@@ -408,6 +408,26 @@ TEST_F(LabCli, TwoLabsAtOnce) {
   expect_gone(sb);
 }
 
+// The rail-optimised generator: one group of two servers with two rails each (two rail leaves,
+// one spine), each server's rail a host of its own; a job across both rails reduces through the
+// spine, exactly.
+TEST_F(LabCli, RailOptimisedUpRunDown) {
+  const std::string n = name("r");
+  Result r = lab({"up", "--rail", "1,2,2,1", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const nlohmann::json st = state(n);
+  EXPECT_EQ(st["switches"].size(), 3u);
+  EXPECT_EQ(st["hosts"].size(), 4u);
+  r = lab({"run", "--name", n, "--", "treeduce-perf", "-b", "1024", "-e", "16384", "-d", "i32",
+           "-o", "sum", "-n", "2", "-w", "0", "-c", "1"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[g0-s0-r0] # treeduce-perf: 4 ranks, path network"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[g0-s0-r0] # verified: 0 wrong elements"), std::string::npos) << r.out;
+  EXPECT_EQ(lab({"down", "--name", n}).status, 0);
+  expect_gone(st);
+}
+
 TEST_F(LabCli, BadInputOneSentenceNothingLeft) {
   const std::string n = name("b");
   // A topology error: the parser's sentence with its line.
@@ -425,6 +445,17 @@ TEST_F(LabCli, BadInputOneSentenceNothingLeft) {
   r = lab({"up", "--fat-tree", "3", "--name", n});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("even k"), std::string::npos) << r.err;
+  r = lab({"up", "--rail", "1,2", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "treeduce lab: --rail takes GROUPS,SERVERS,RAILS,SPINES, four numbers (for example "
+            "1,4,2,1), not '1,2'.\n");
+  r = lab({"up", "--rail", "1,2,0,1", "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--rail 1,2,0,1: a rail-optimised fabric needs at least one group"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
 
   // No lab of that name.
   r = lab({"exec", "--name", n, "h0", "--", "true"});
