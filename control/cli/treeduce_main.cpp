@@ -447,10 +447,12 @@ int doctor(const DoctorArgs& args, const std::string& manager) {
   // The leaf to ping and whether to: from the environment, as the library reads them
   // (TREEDUCE_STATIC_LEAF, docs/host.md); TREEDUCE_DOCTOR_PING=0 skips the ping (tests whose
   // topology's addresses are not on this machine).
+  // --leaf and --no-ping win over them.
   DoctorArgs a = args;
-  if (const char* env = std::getenv("TREEDUCE_STATIC_LEAF"); env != nullptr && *env != '\0')
+  if (const char* env = std::getenv("TREEDUCE_STATIC_LEAF");
+      a.leaf.empty() && env != nullptr && *env != '\0')
     a.leaf = env;
-  if (const char* env = std::getenv("TREEDUCE_DOCTOR_PING"); env != nullptr)
+  if (const char* env = std::getenv("TREEDUCE_DOCTOR_PING"); env != nullptr && a.ping)
     a.ping = std::string_view(env) != "0";
   const auto d = treeduce::parse_dtype(a.dtype);
   const auto op = treeduce::parse_op(a.op);
@@ -551,6 +553,12 @@ int main(int argc, char** argv) {
   doc_cmd->add_option("--payload", da.payload_bytes, "payload bytes per packet")
       ->capture_default_str();
   doc_cmd->add_flag("--deterministic", da.deterministic, "ask for deterministic mode");
+  doc_cmd->add_option("--leaf", da.leaf,
+                      "the leaf switch's data address to ping, A.B.C.D:PORT (or "
+                      "$TREEDUCE_STATIC_LEAF; default: every leaf the manager lists)");
+  bool no_ping = false;
+  doc_cmd->add_flag("--no-ping", no_ping,
+                    "do not ping the leaves' data addresses (or $TREEDUCE_DOCTOR_PING=0)");
   // Usage errors exit 2, so that scripts can tell them from doctor's "not offloaded" (1).
   try {
     app.parse(argc, argv);
@@ -575,6 +583,7 @@ int main(int argc, char** argv) {
       }
       da.world = std::uint32_t(w);
     }
+    if (no_ping) da.ping = false;
     return doctor(da, manager);
   }
 

@@ -611,6 +611,16 @@ TEST_F(Grpc, DoctorPingsTheLeafSwitch) {
   EXPECT_NE(out.find("\nok       The leaf switch at 127.0.0.1 answers ICMP echo from this host.\n"),
             std::string::npos)
       << out;
+  // --leaf wins over the variable; --no-ping skips it (no ok and no warning line about it).
+  out = run("TREEDUCE_STATIC_LEAF=10.98.0.1:47110 " + bin + " --manager " + addr +
+            " doctor --job reach --world 4 --leaf 127.0.0.1:47110");
+  EXPECT_NE(out.find("\nok       The leaf switch at 127.0.0.1 answers ICMP echo from this host.\n"),
+            std::string::npos)
+      << out;
+  out = run("TREEDUCE_STATIC_LEAF=127.0.0.1:47110 " + bin + " --manager " + addr +
+            " doctor --job reach --world 4 --no-ping");
+  EXPECT_EQ(out.find("ICMP echo"), std::string::npos) << out;
+  EXPECT_EQ(out.find("route to"), std::string::npos) << out;
   if (run("unshare -n true") != "") GTEST_SKIP() << "no network namespace of our own (root)";
   out =
       run("unshare -n sh -c 'ip link add a0 type veth peer name b0 && ip addr add 10.99.0.1/24 dev "
