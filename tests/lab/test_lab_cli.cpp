@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -424,6 +425,30 @@ TEST_F(LabCli, RailOptimisedUpRunDown) {
   EXPECT_NE(r.out.find("[g0-s0-r0] # treeduce-perf: 4 ranks, path network"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("[g0-s0-r0] # verified: 0 wrong elements"), std::string::npos) << r.out;
+  EXPECT_EQ(lab({"down", "--name", n}).status, 0);
+  expect_gone(st);
+}
+
+// The issue's size: a two-level fabric of 16 hosts (four leaves of four, two spines: the example
+// topology of docs/lab.md) up on this machine, one allreduce on all 16 ranks exact in the
+// network, and down leaving nothing.
+TEST_F(LabCli, SixteenHostLeafSpineUpOneAllreduceDown) {
+  const std::string n = name("s");
+  Result r = lab(
+      {"up", std::string(TREEDUCE_SOURCE_ROOT) + "/lab/examples/leaf-spine-16.yaml", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const nlohmann::json st = state(n);
+  EXPECT_EQ(st["switches"].size(), 6u);
+  EXPECT_EQ(st["hosts"].size(), 16u);
+  r = lab({"run", "--name", n, "--", "treeduce-perf", "-b", "65536", "-e", "65536", "-d", "f32",
+           "-o", "sum", "-n", "1", "-w", "0", "-c", "1"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[h0] # treeduce-perf: 16 ranks, path network"), std::string::npos) << r.out;
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(
+      r.out, m,
+      std::regex(R"(\[h0\] # verified: 0 wrong elements, [1-9][0-9]* ops in the network, 0 on )")))
+      << r.out;
   EXPECT_EQ(lab({"down", "--name", n}).status, 0);
   expect_gone(st);
 }
