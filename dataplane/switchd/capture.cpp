@@ -7,6 +7,7 @@
 #include <rte_mbuf.h>
 #include <rte_ring_elem.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -18,6 +19,7 @@ namespace treeduce::switchd {
 namespace {
 constexpr unsigned kCaptureRing = 8192;  ///< frames in flight to the file
 constexpr unsigned kCaptureMbufs = 8191;
+constexpr std::uint32_t kSnapLen = 65535;  ///< the files' snap length, and the longest record
 }  // namespace
 
 Status Switch::Impl::create_capture() {
@@ -45,7 +47,9 @@ void Switch::Impl::capture(Worker& w, rte_mbuf* m) {
 std::size_t Switch::Impl::write_captures() {
   CaptureRec recs[64];
   std::size_t written = 0;
-  for (;;) {
+  // At most a ring's worth per call: the caller holds cap_mu, which stop_capture and the
+  // counters' snapshot (port_stats, under `mu`) also take.
+  for (unsigned pass = 0; pass < kCaptureRing / 64; ++pass) {
     const unsigned n =
         rte_ring_sc_dequeue_burst_elem(cap_ring, recs, sizeof(CaptureRec), 64, nullptr);
     for (unsigned i = 0; i < n; ++i) {
@@ -58,8 +62,10 @@ std::size_t Switch::Impl::write_captures() {
         const std::uint64_t t = static_cast<std::uint64_t>(f->t0.tv_nsec) + ns;
         h.ts.tv_sec = f->t0.tv_sec + static_cast<time_t>(t / 1'000'000'000);
         h.ts.tv_usec = static_cast<suseconds_t>(t % 1'000'000'000 / 1000);
-        h.caplen = h.len = m->pkt_len;
-        const void* data = rte_pktmbuf_read(m, 0, m->pkt_len, f->buf.data());
+        // The file's snap length: a longer frame (a port with MTU 65535) is cut, its length kept.
+        h.len = m->pkt_len;
+        h.caplen = std::min<std::uint32_t>(m->pkt_len, kSnapLen);
+        const void* data = rte_pktmbuf_read(m, 0, h.caplen, f->buf.data());
         pcap_dump(reinterpret_cast<u_char*>(f->dumper), &h, static_cast<const u_char*>(data));
         ++f->frames;
         ++written;
@@ -68,6 +74,7 @@ std::size_t Switch::Impl::write_captures() {
     }
     if (n < 64) return written;
   }
+  return written;
 }
 
 void Switch::Impl::capture_loop() {
@@ -98,13 +105,13 @@ Status Switch::start_capture(const std::string& port, const std::string& path) {
                                s.captures[pi]->path + ".");
   auto f = std::make_unique<CaptureFile>();
   f->path = path;
-  f->dead = pcap_open_dead(DLT_EN10MB, 65535);
+  f->dead = pcap_open_dead(DLT_EN10MB, kSnapLen);
   if (f->dead != nullptr) f->dumper = pcap_dump_open(f->dead, path.c_str());
   if (f->dumper == nullptr)
     return invalid_argument(
         "Switch " + s.cfg.name + " cannot write '" + path +
         "': " + (f->dead != nullptr ? pcap_geterr(f->dead) : std::strerror(ENOMEM)) + ".");
-  f->buf.resize(65536);
+  f->buf.resize(kSnapLen);
   clock_gettime(CLOCK_REALTIME, &f->t0);
   f->tsc0 = rte_rdtsc();
   s.captures[pi] = std::move(f);
@@ -126,7 +133,10 @@ Status Switch::stop_capture(const std::string& port, std::uint64_t* frames) {
   // saw before the flag went down is in the ring.
   s.synchronize();
   l.lock();
-  s.write_captures();
+  // Another stop of the same port may have finished while the lock was free.
+  if (s.captures[pi] == nullptr)
+    return failed_precondition("Port " + port + " of " + s.cfg.name + " is not captured.");
+  s.write_captures();  // a ring's worth: all that was in it when the flag went down
   std::unique_ptr<CaptureFile> f = std::move(s.captures[pi]);
   *frames = f->frames;
   log("port %s: capture to %s stopped, %llu frame(s)", port.c_str(), f->path.c_str(),

@@ -92,23 +92,31 @@ std::uint64_t Switch::Impl::poll_ports(Worker& w, const NeighborTable* nt, bool*
   std::uint64_t got = 0;
   for (std::size_t pi = 0; pi < ports.size(); ++pi) {
     if (w.rxq[pi] == kNoQueue) continue;
-    std::uint16_t n = rte_eth_rx_burst(ports[pi].id, w.rxq[pi], pkts, burst);
-    *backlog |= n == burst;
     const FaultState& fs = faults[pi];
-    if (n != 0 && (fs.loss_threshold.load(std::memory_order_relaxed) != 0 ||
+    // Held frames that are due go first: they arrived before anything received now.
+    std::uint16_t r = 0;
+    if (w.held[pi].size != 0) [[unlikely]] {
+      r = release_held(w, pi, pkts, kMaxBurst);
+      got += r;
+      if (fs.down.load(std::memory_order_relaxed)) {  // the link went down while they waited
+        for (std::uint16_t i = 0; i < r; ++i) {
+          w.count(SwitchdCounter::injected_down);
+          rte_pktmbuf_free(pkts[i]);
+        }
+        r = 0;
+      }
+    }
+    std::uint16_t n = rte_eth_rx_burst(ports[pi].id, w.rxq[pi], pkts + r, burst);
+    *backlog |= n == burst;
+    got += n;  // received: not idle, even when every frame is dropped or held
+    // Frames still held (a fault just lifted) keep newer ones behind them: apply_faults queues.
+    if (n != 0 && (w.held[pi].size != 0 || fs.loss_threshold.load(std::memory_order_relaxed) != 0 ||
                    fs.down.load(std::memory_order_relaxed) ||
                    fs.delay_tsc.load(std::memory_order_relaxed) != 0 ||
                    fs.tsc_per_byte_q16.load(std::memory_order_relaxed) != 0)) [[unlikely]] {
-      got += n;  // received: not idle, even when every frame is dropped or held
-      n = apply_faults(w, pi, pkts, n);
-    } else {
-      got += n;
+      n = apply_faults(w, pi, pkts + r, n);
     }
-    if (w.held[pi].size != 0) [[unlikely]] {
-      const std::uint16_t r = release_held(w, pi, pkts + n, kMaxBurst);
-      n = static_cast<std::uint16_t>(n + r);
-      got += r;
-    }
+    n = static_cast<std::uint16_t>(n + r);
     if (n == 0) continue;
     if (faults[pi].capture.load(std::memory_order_relaxed)) [[unlikely]] {
       for (std::uint16_t i = 0; i < n; ++i) capture(w, pkts[i]);
