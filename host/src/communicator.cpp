@@ -485,6 +485,9 @@ class CommunicatorImpl final : public Communicator {
 // "" when `a` is HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one, PORT 1..65535),
 // else why not. Without a port gRPC would dial 443, the HTTPS port, and fail much later.
 std::string manager_address_problem(const std::string& a) {
+  // gRPC's own target syntax (unix:/path, dns:///host:port, ipv4:..., ...) is gRPC's to check.
+  for (const char* scheme : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:"})
+    if (a.rfind(scheme, 0) == 0) return {};
   const auto colon = a.rfind(':');
   const bool bracketed = !a.empty() && a.front() == '[';
   if (colon == std::string::npos || colon == 0 || colon + 1 == a.size() ||

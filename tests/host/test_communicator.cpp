@@ -464,6 +464,19 @@ TEST(Communicator, ManagerAddressNeedsAPort) {
     EXPECT_EQ(r, Result::invalid_argument);
     EXPECT_NE(error.find("'" + a + "'"), std::string::npos) << error;
   }
+  // gRPC's target syntax is gRPC's: a Unix socket is not refused for want of a port (the job
+  // then falls back, as with any manager that does not answer, within its join deadline).
+  for (const std::string a : {"unix:/nonexistent/treeduce-manager.sock"}) {
+    Options o;
+    o.job = "addr";
+    o.world_size = 1;
+    o.manager = a;
+    Result r = Result::ok;
+    std::string error;
+    auto comm = Communicator::create(o, &r, &error);
+    EXPECT_EQ(error.find("has no port"), std::string::npos) << error;
+    EXPECT_EQ(error.find("has the port"), std::string::npos) << error;
+  }
 }
 
 TEST(Communicator, RecoversFromLoss) {
