@@ -300,13 +300,17 @@ std::optional<State> load(const std::string& name) {
   }
 }
 
+/// The `lab up` making it still runs (the same process: pid and start time; never this one).
+/// Its processes may outlive it (`lab up` killed with -9): they do not count.
+bool up_alive(const State& s) {
+  return s.phase == "starting" && s.up_pid != getpid() && s.up_start != 0 &&
+         ours(ProcRec{"", "", s.up_pid, proc_cmdline(s.up_pid), s.up_start, ""});
+}
+
 /// The `lab up` making it, or one of its processes, still runs.
 bool alive(const State& s) {
-  if (s.phase == "starting" &&
-      ours(ProcRec{"", "", s.up_pid, proc_cmdline(s.up_pid), s.up_start, ""})) {
-    return s.up_pid != getpid();
-  }
-  return std::any_of(s.procs.begin(), s.procs.end(), [](const ProcRec& p) { return ours(p); });
+  return up_alive(s) ||
+         std::any_of(s.procs.begin(), s.procs.end(), [](const ProcRec& p) { return ours(p); });
 }
 
 State need_lab(const std::string& name) {
@@ -317,7 +321,7 @@ State need_lab(const std::string& name) {
   }
   if (s->phase != "up") {
     throw Error("lab '" + name + "' is not up (" +
-                (alive(*s) ? "it is being brought up" : "a `lab up` of it failed half-way") +
+                (up_alive(*s) ? "it is being brought up" : "a `lab up` of it failed half-way") +
                 "); `treeduce lab down --name " + name + "` removes what it made.");
   }
   return *s;
@@ -1028,11 +1032,12 @@ int down(const std::string& name) {
     std::printf("treeduce lab: no lab named '%s'; nothing to remove.\n", name.c_str());
     return 0;
   }
-  if (s->phase == "starting" && alive(*s) && s->up_pid != getpid()) {
-    // `lab up` of it still runs: stop it, it removes what it made.
+  if (up_alive(*s)) {
+    // `lab up` of it still runs: stop it, it removes what it made. (A `lab up` killed with -9 is
+    // gone: its processes are removed below, never waited for.)
     kill(s->up_pid, SIGTERM);
     const auto end = Clock::now() + std::chrono::seconds(60);
-    while (fs::exists(lab_dir(name) + "/state.json") && alive(*s) && Clock::now() < end) {
+    while (fs::exists(lab_dir(name) + "/state.json") && up_alive(*s) && Clock::now() < end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     s = load(name);

@@ -367,6 +367,47 @@ TEST_F(LabCli, KilledWithSigkillThenDownAndUpAgain) {
   expect_gone(st);
 }
 
+TEST_F(LabCli, UpKilledWithSigkillHalfWayThenDown) {
+  // `lab up` killed with -9 after it started the manager: the state says "starting", the manager
+  // runs on. `down` must not take the manager for the `up` (nor signal up's old pid): it removes
+  // everything at once.
+  const std::string n = name("h");
+  const std::string out = root_ + "/.uph";
+  const pid_t up = start_lab(root_, {"up", "--fat-tree", "4", "--name", n}, out);
+  const std::string path = root_ + "/" + n + "/state.json";
+  nlohmann::json st;
+  int up_status = -1;
+  const bool manager_started =
+      eventually([&] {
+        int w = 0;
+        if (waitpid(up, &w, WNOHANG) == up) {  // up ended by itself (failed, or was done)
+          up_status = WIFEXITED(w) ? WEXITSTATUS(w) : 128 + WTERMSIG(w);
+          return true;
+        }
+        if (!fs::exists(path)) return false;
+        st = state(n);
+        for (const auto& p : st["procs"]) {
+          if (p["role"] == "manager") return true;
+        }
+        return false;
+      }) &&
+      up_status < 0;
+  if (up_status < 0) {
+    kill(up, SIGKILL);
+    wait_status(up);
+  }
+  ASSERT_TRUE(manager_started) << "up exited with " << up_status << ": " << read_file(out);
+  st = state(n);
+  if (st["phase"] != "starting") GTEST_SKIP() << "up was done before the kill";
+  Result r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("a `lab up` of it failed half-way"), std::string::npos) << r.err;
+  r = lab({"down", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "lab '" + n + "' is down.\n");
+  expect_gone(st);
+}
+
 TEST_F(LabCli, TwoLabsAtOnce) {
   const std::string a = name("x"), b = name("y");
   Result r = lab({"up", "--leaf", "2", "--name", a});
