@@ -665,6 +665,7 @@ class Up {
     s_.up_pid = getpid();
     s_.up_start = proc_start(getpid());
     s_.mtu = a_.mtu;
+    s_.base_loss = a_.loss;
     fs::create_directories(dir());
     save(s_);
   }
@@ -1214,6 +1215,14 @@ const FaultRec* fault_of(const State& s, const std::string& sw, const std::strin
   return nullptr;
 }
 
+/// A port's fault state as its switch has it: the fault set on it, else `lab up --loss` alone.
+FaultRec fault_or_base(const State& s, const std::string& sw, const std::string& port) {
+  if (const FaultRec* f = fault_of(s, sw, port)) return *f;
+  FaultRec b{sw, port};
+  b.rx_loss = s.base_loss;
+  return b;
+}
+
 /// "loss 0.05, down, delay 500 us, rate 100 Mb/s"; "-" when healthy.
 std::string describe(const FaultRec& f) {
   std::vector<std::string> w;
@@ -1316,8 +1325,8 @@ int status(const std::string& name) {
     std::vector<std::string> ends, faults;
     for (const auto& [sw, port] : l.ends) {
       ends.push_back(sw + ":" + port);
-      if (const FaultRec* f = fault_of(s, sw, port)) {
-        faults.push_back((l.ends.size() > 1 ? sw + ":" + port + " " : "") + describe(*f));
+      if (const std::string d = describe(fault_or_base(s, sw, port)); d != "-") {
+        faults.push_back((l.ends.size() > 1 ? sw + ":" + port + " " : "") + d);
       }
     }
     rows.push_back({l.name, join(ends, " "), l.kind, faults.empty() ? "-" : join(faults, "; ")});
@@ -1835,11 +1844,11 @@ void apply_fault(const State& s, const FaultRec& f) {
   }
 }
 
-/// Records `f` (or forgets it when it is all zero) in the state.
+/// Records `f` (or forgets it when it is the base: no fault but `lab up --loss`) in the state.
 void record_fault(State& s, const FaultRec& f) {
   auto it = std::find_if(s.faults.begin(), s.faults.end(),
                          [&](const FaultRec& x) { return x.sw == f.sw && x.port == f.port; });
-  const bool healthy = f.rx_loss == 0 && !f.down && f.delay_us == 0 && f.rate_mbps == 0;
+  const bool healthy = f.rx_loss == s.base_loss && !f.down && f.delay_us == 0 && f.rate_mbps == 0;
   if (it != s.faults.end()) s.faults.erase(it);
   if (!healthy) s.faults.push_back(f);
 }
@@ -2100,10 +2109,8 @@ int fault(const std::string& name, const FaultArgs& a) {
   // Every end's switch must run before any is changed: a link is never left half faulted.
   for (const auto& end : ends) agent_of(s, end.first);
   for (const auto& [sw, port] : ends) {
-    FaultRec f;
-    f.sw = sw;
-    f.port = port;
-    if (const FaultRec* old = fault_of(s, sw, port)) f = *old;
+    // A port's fault starts from `lab up --loss`, and `clear` goes back to it.
+    FaultRec f = fault_or_base(s, sw, port);
     if (a.action == "set") {
       if (a.loss) f.rx_loss = *a.loss;
       if (a.delay_us) f.delay_us = *a.delay_us;
@@ -2114,6 +2121,7 @@ int fault(const std::string& name, const FaultArgs& a) {
       f.down = false;
     } else {
       f = FaultRec{sw, port};
+      f.rx_loss = s.base_loss;
     }
     apply_fault(s, f);
     record_fault(s, f);
@@ -2122,7 +2130,10 @@ int fault(const std::string& name, const FaultArgs& a) {
   std::vector<std::string> now;
   for (const auto& [sw, port] : ends) {
     const FaultRec* f = fault_of(s, sw, port);
-    now.push_back(sw + ":" + port + " " + (f ? describe(*f) : std::string("healthy")));
+    now.push_back(sw + ":" + port + " " +
+                  (f                 ? describe(*f)
+                   : s.base_loss > 0 ? describe(fault_or_base(s, sw, port)) + " (lab up --loss)"
+                                     : std::string("healthy")));
   }
   std::printf("%s: %s.\n", what.c_str(),
               now.empty() ? "no faults were set" : join(now, "; ").c_str());

@@ -436,6 +436,34 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
+TEST_F(LabFault, UpLossStaysUnderFaultsAndComesBackOnClear) {
+  // `lab up --loss` is every port's base: a fault on a port starts from it, `clear` restores it,
+  // and status (what was asked) agrees with the switch (its treeduce_port_fault_rx_loss).
+  const std::string n = "l" + std::to_string(getpid());
+  Result r = lab({"up", "--leaf", "2", "--loss", "0.05", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  r = lab({"fault", "set", "h0", "--delay-us", "500", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "link h0: leaf0:net_af_packet0 loss 0.05, delay 500 us.\n");
+  r = lab({"status", "--name", n});
+  EXPECT_NE(link_row(r.out, "h0").find("loss 0.05, delay 500 us"), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "leaf0:net_af_packet0 ").find("loss 0.05, delay 500 us"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(line_of(r.out, "leaf0:net_af_packet1 ").find("loss 0.05"), std::string::npos) << r.out;
+  r = lab({"fault", "clear", "h0", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "link h0: leaf0:net_af_packet0 loss 0.05 (lab up --loss).\n");
+  EXPECT_TRUE(state(n)["faults"].empty());
+  r = lab({"status", "--name", n});
+  const std::string port = line_of(r.out, "leaf0:net_af_packet0 ");
+  EXPECT_NE(port.find("loss 0.05"), std::string::npos) << r.out;
+  EXPECT_EQ(port.find("delay"), std::string::npos) << r.out;
+  EXPECT_NE(link_row(r.out, "h0").find("loss 0.05"), std::string::npos) << r.out;
+  r = lab({"down", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
 TEST_F(LabFault, BadInputOneSentence) {
   const std::string n = "b" + std::to_string(getpid());
   Result r = lab({"fault", "down", "h0", "--name", n});
