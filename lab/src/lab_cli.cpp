@@ -1718,6 +1718,7 @@ int run_ranks(const std::string& name, const RunArgs& a) {
   // SIGKILL for what SIGTERM did not stop within 10 s (max: no SIGTERM sent yet, or done).
   Clock::time_point kill_at = Clock::time_point::max();
   bool killed = false;
+  enum class Leftovers { none, terminated, sigkilled } leftovers = Leftovers::none;
   while (open_streams > 0 ||
          std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return !r.done; })) {
     std::vector<pollfd> pfds;
@@ -1759,14 +1760,42 @@ int run_ranks(const std::string& name, const RunArgs& a) {
       }
     }
     reap();
+    const bool all_reaped =
+        std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.done; });
+    if (all_reaped && open_streams > 0 && leftovers == Leftovers::none) {
+      // Every rank exited, but something it left behind (a background child) holds its output
+      // open: stop its process group, so that run returns.
+      std::fprintf(stderr,
+                   "[lab] every rank exited; stopping what they left running (it holds their "
+                   "output)\n");
+      for (const Rank& r : ranks) killpg(r.pid, SIGTERM);
+      leftovers = Leftovers::terminated;
+      kill_at = Clock::now() + std::chrono::seconds(10);
+    }
     if (!killed && kill_at == Clock::time_point::max() &&
         std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.stopped; })) {
       kill_at = Clock::now() + std::chrono::seconds(10);
     }
     if (Clock::now() >= kill_at) {
-      stop_all(SIGKILL);
-      killed = true;
-      kill_at = Clock::time_point::max();
+      if (leftovers == Leftovers::terminated) {
+        for (const Rank& r : ranks) killpg(r.pid, SIGKILL);
+        leftovers = Leftovers::sigkilled;
+        // What left the ranks' groups (setsid) is not ours to kill: stop reading it soon.
+        kill_at = Clock::now() + std::chrono::seconds(1);
+      } else if (leftovers == Leftovers::sigkilled) {
+        for (Stream& st : streams) {
+          if (st.fd < 0) continue;
+          st.finish();
+          close(st.fd);
+          st.fd = -1;
+          --open_streams;
+        }
+        kill_at = Clock::time_point::max();
+      } else {
+        stop_all(SIGKILL);
+        killed = true;
+        kill_at = Clock::time_point::max();
+      }
     }
   }
   close(sfd);

@@ -308,6 +308,23 @@ TEST_F(LabCli, InterruptStopsEveryRankAndAnUpHalfWay) {
     pclose(f);
     EXPECT_EQ(pids, "") << h;
   }
+  // Every rank exits but leaves a background child holding its stdout: run stops it and returns
+  // the ranks' status.
+  r = lab({"run", "--name", n, "--", "sh", "-c", "sleep 1000 & echo left"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[h0] left"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("[lab] every rank exited; stopping what they left running"),
+            std::string::npos)
+      << r.err;
+  for (const std::string h : {"h0", "h1"}) {
+    std::string pids;
+    FILE* f = popen(("ip netns pids tdlab-" + n + "." + h).c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, f) != nullptr) pids += buf;
+    pclose(f);
+    EXPECT_EQ(pids, "") << h;
+  }
   EXPECT_EQ(lab({"down", "--name", n}).status, 0);
 
   // SIGTERM to an up that has begun to make its lab: it removes what it made.
