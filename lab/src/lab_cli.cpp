@@ -596,6 +596,21 @@ class Up {
                       " hosts; a lab has at most 240 (one management /24).",
                   2);
     }
+    // The names go into file paths, YAML and namespace names: only safe characters.
+    for (const ctl::Switch& s : t.switches) {
+      if (!good_lab_name(s.name)) {
+        throw Error("switch name '" + s.name +
+                        "' does not fit a lab (1 to 32 letters, digits, '-' or '_').",
+                    2);
+      }
+    }
+    for (const ctl::Host& h : t.hosts) {
+      if (!good_lab_name(h.name)) {
+        throw Error(
+            "host name '" + h.name + "' does not fit a lab (1 to 32 letters, digits, '-' or '_').",
+            2);
+      }
+    }
     std::map<std::uint32_t, std::string> ips;
     for (const ctl::Switch& s : t.switches) {
       const std::size_t ports = s.hosts.size() + s.up.size() + s.down.size();

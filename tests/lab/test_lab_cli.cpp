@@ -522,6 +522,24 @@ TEST_F(LabCli, BadInputOneSentenceNothingLeft) {
   EXPECT_EQ(r.err, "treeduce lab: " + topo + ": line 4: host 'h0' names unknown switch 'leafX'.\n");
   EXPECT_FALSE(fs::exists(root_ + "/" + n));
 
+  // Names that would go into paths, YAML and namespace names unchecked.
+  std::ofstream(topo) << "switches:\n  - {name: \"leaf/0\", level: 0, data: \"10.0.0.1:47110\"}\n"
+                         "hosts:\n  - {name: h0, address: 10.1.0.1, switch: \"leaf/0\"}\n";
+  r = lab({"up", topo, "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "treeduce lab: switch name 'leaf/0' does not fit a lab (1 to 32 letters, digits, '-' "
+            "or '_').\n");
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
+  std::ofstream(topo) << "switches:\n  - {name: leaf0, level: 0, data: \"10.0.0.1:47110\"}\n"
+                         "hosts:\n  - {name: \"h0: x\", address: 10.1.0.1, switch: leaf0}\n";
+  r = lab({"up", topo, "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "treeduce lab: host name 'h0: x' does not fit a lab (1 to 32 letters, digits, '-' or "
+            "'_').\n");
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
+
   r = lab({"up", "--leaf", "2", "--fat-tree", "2", "--name", n});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("give one of"), std::string::npos) << r.err;
