@@ -2224,7 +2224,6 @@ int capture(const std::string& name, const CaptureArgs& a) {
     auto ports = port_samples(parse_prometheus(get_metrics(rec.metrics_port)));
     return ports[port]["rx_packets"] + ports[port]["tx_packets"];
   };
-  const double base = a.count != 0 ? frames_now() : 0;
   pb::PortCapture m;
   m.set_switch_name(sw);
   m.set_port(port);
@@ -2245,6 +2244,8 @@ int capture(const std::string& name, const CaptureArgs& a) {
       throw Error("switch " + sw + " cannot capture " + port + ": " + st.error_message());
     }
   }
+  // Counted from once the capture runs; polled, so the file may hold a few frames more.
+  const double base = a.count != 0 ? frames_now() : 0;
   char secs[32];
   std::snprintf(secs, sizeof secs, "%g", a.seconds);
   std::fprintf(stderr, "treeduce lab: capturing %s:%s (link %s) into %s; %s\n", sw.c_str(),
