@@ -1778,13 +1778,19 @@ int run_ranks(const std::string& name, const RunArgs& a) {
     const bool all_reaped =
         std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.done; });
     if (all_reaped && open_streams > 0 && leftovers == Leftovers::none) {
-      // Every rank exited, but something it left behind (a background child) holds its output
-      // open: stop its process group, so that run returns.
-      std::fprintf(stderr,
-                   "[lab] every rank exited; stopping what they left running (it holds their "
-                   "output)\n");
-      for (const Rank& r : ranks) killpg(r.pid, SIGTERM);
-      leftovers = Leftovers::terminated;
+      // Every rank exited, but its output is still open: unread (it drains at once), or held by
+      // something a rank left behind (a background child). Stop what is left in the ranks'
+      // process groups, so that run returns.
+      if (std::any_of(ranks.begin(), ranks.end(),
+                      [](const Rank& r) { return killpg(r.pid, 0) == 0; })) {
+        std::fprintf(stderr,
+                     "[lab] every rank exited; stopping what they left running (it holds their "
+                     "output)\n");
+        for (const Rank& r : ranks) killpg(r.pid, SIGTERM);
+        leftovers = Leftovers::terminated;
+      } else {
+        leftovers = Leftovers::sigkilled;  // nothing to stop: a drain, then stop reading
+      }
       kill_at = Clock::now() + std::chrono::seconds(10);
     }
     if (!killed && kill_at == Clock::time_point::max() &&
