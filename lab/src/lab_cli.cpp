@@ -1733,7 +1733,7 @@ int run_ranks(const std::string& name, const RunArgs& a) {
   // SIGKILL for what SIGTERM did not stop within 10 s (max: no SIGTERM sent yet, or done).
   Clock::time_point kill_at = Clock::time_point::max();
   bool killed = false;
-  enum class Leftovers { none, terminated, sigkilled } leftovers = Leftovers::none;
+  enum class Leftovers { none, draining, terminated, sigkilled } leftovers = Leftovers::none;
   while (open_streams > 0 ||
          std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return !r.done; })) {
     std::vector<pollfd> pfds;
@@ -1779,26 +1779,29 @@ int run_ranks(const std::string& name, const RunArgs& a) {
         std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.done; });
     if (all_reaped && open_streams > 0 && leftovers == Leftovers::none) {
       // Every rank exited, but its output is still open: unread (it drains at once), or held by
-      // something a rank left behind (a background child). Stop what is left in the ranks'
-      // process groups, so that run returns.
-      if (std::any_of(ranks.begin(), ranks.end(),
-                      [](const Rank& r) { return killpg(r.pid, 0) == 0; })) {
-        std::fprintf(stderr,
-                     "[lab] every rank exited; stopping what they left running (it holds their "
-                     "output)\n");
-        for (const Rank& r : ranks) killpg(r.pid, SIGTERM);
-        leftovers = Leftovers::terminated;
-      } else {
-        leftovers = Leftovers::sigkilled;  // nothing to stop: a drain, then stop reading
-      }
-      kill_at = Clock::now() + std::chrono::seconds(10);
+      // something a rank left behind (a background child), which is stopped after a drain.
+      leftovers = Leftovers::draining;
+      kill_at = Clock::now() + std::chrono::seconds(1);
     }
     if (!killed && kill_at == Clock::time_point::max() &&
         std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.stopped; })) {
       kill_at = Clock::now() + std::chrono::seconds(10);
     }
     if (Clock::now() >= kill_at) {
-      if (leftovers == Leftovers::terminated) {
+      if (leftovers == Leftovers::draining) {
+        // Still open: stop what is left in the ranks' process groups, so that run returns.
+        if (std::any_of(ranks.begin(), ranks.end(),
+                        [](const Rank& r) { return killpg(r.pid, 0) == 0; })) {
+          std::fprintf(stderr,
+                       "[lab] every rank exited; stopping what they left running (it holds "
+                       "their output)\n");
+          for (const Rank& r : ranks) killpg(r.pid, SIGTERM);
+          leftovers = Leftovers::terminated;
+        } else {
+          leftovers = Leftovers::sigkilled;  // nothing of ours holds it: stop reading soon
+        }
+        kill_at = Clock::now() + std::chrono::seconds(10);
+      } else if (leftovers == Leftovers::terminated) {
         for (const Rank& r : ranks) killpg(r.pid, SIGKILL);
         leftovers = Leftovers::sigkilled;
         // What left the ranks' groups (setsid) is not ours to kill: stop reading it soon.
