@@ -300,13 +300,17 @@ std::optional<State> load(const std::string& name) {
   }
 }
 
+/// The `lab up` making it still runs (the same process: pid and start time; never this one).
+/// Its processes may outlive it (`lab up` killed with -9): they do not count.
+bool up_alive(const State& s) {
+  return s.phase == "starting" && s.up_pid != getpid() && s.up_start != 0 &&
+         ours(ProcRec{"", "", s.up_pid, proc_cmdline(s.up_pid), s.up_start, ""});
+}
+
 /// The `lab up` making it, or one of its processes, still runs.
 bool alive(const State& s) {
-  if (s.phase == "starting" &&
-      ours(ProcRec{"", "", s.up_pid, proc_cmdline(s.up_pid), s.up_start, ""})) {
-    return s.up_pid != getpid();
-  }
-  return std::any_of(s.procs.begin(), s.procs.end(), [](const ProcRec& p) { return ours(p); });
+  return up_alive(s) ||
+         std::any_of(s.procs.begin(), s.procs.end(), [](const ProcRec& p) { return ours(p); });
 }
 
 State need_lab(const std::string& name) {
@@ -317,7 +321,7 @@ State need_lab(const std::string& name) {
   }
   if (s->phase != "up") {
     throw Error("lab '" + name + "' is not up (" +
-                (alive(*s) ? "it is being brought up" : "a `lab up` of it failed half-way") +
+                (up_alive(*s) ? "it is being brought up" : "a `lab up` of it failed half-way") +
                 "); `treeduce lab down --name " + name + "` removes what it made.");
   }
   return *s;
@@ -592,6 +596,21 @@ class Up {
                       " hosts; a lab has at most 240 (one management /24).",
                   2);
     }
+    // The names go into file paths, YAML and namespace names: only safe characters.
+    for (const ctl::Switch& s : t.switches) {
+      if (!good_lab_name(s.name)) {
+        throw Error("switch name '" + s.name +
+                        "' does not fit a lab (1 to 32 letters, digits, '-' or '_').",
+                    2);
+      }
+    }
+    for (const ctl::Host& h : t.hosts) {
+      if (!good_lab_name(h.name)) {
+        throw Error(
+            "host name '" + h.name + "' does not fit a lab (1 to 32 letters, digits, '-' or '_').",
+            2);
+      }
+    }
     std::map<std::uint32_t, std::string> ips;
     for (const ctl::Switch& s : t.switches) {
       const std::size_t ports = s.hosts.size() + s.up.size() + s.down.size();
@@ -661,6 +680,7 @@ class Up {
     s_.up_pid = getpid();
     s_.up_start = proc_start(getpid());
     s_.mtu = a_.mtu;
+    s_.base_loss = a_.loss;
     fs::create_directories(dir());
     save(s_);
   }
@@ -1028,11 +1048,12 @@ int down(const std::string& name) {
     std::printf("treeduce lab: no lab named '%s'; nothing to remove.\n", name.c_str());
     return 0;
   }
-  if (s->phase == "starting" && alive(*s) && s->up_pid != getpid()) {
-    // `lab up` of it still runs: stop it, it removes what it made.
+  if (up_alive(*s)) {
+    // `lab up` of it still runs: stop it, it removes what it made. (A `lab up` killed with -9 is
+    // gone: its processes are removed below, never waited for.)
     kill(s->up_pid, SIGTERM);
     const auto end = Clock::now() + std::chrono::seconds(60);
-    while (fs::exists(lab_dir(name) + "/state.json") && alive(*s) && Clock::now() < end) {
+    while (fs::exists(lab_dir(name) + "/state.json") && up_alive(*s) && Clock::now() < end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     s = load(name);
@@ -1209,6 +1230,14 @@ const FaultRec* fault_of(const State& s, const std::string& sw, const std::strin
   return nullptr;
 }
 
+/// A port's fault state as its switch has it: the fault set on it, else `lab up --loss` alone.
+FaultRec fault_or_base(const State& s, const std::string& sw, const std::string& port) {
+  if (const FaultRec* f = fault_of(s, sw, port)) return *f;
+  FaultRec b{sw, port};
+  b.rx_loss = s.base_loss;
+  return b;
+}
+
 /// "loss 0.05, down, delay 500 us, rate 100 Mb/s"; "-" when healthy.
 std::string describe(const FaultRec& f) {
   std::vector<std::string> w;
@@ -1311,8 +1340,8 @@ int status(const std::string& name) {
     std::vector<std::string> ends, faults;
     for (const auto& [sw, port] : l.ends) {
       ends.push_back(sw + ":" + port);
-      if (const FaultRec* f = fault_of(s, sw, port)) {
-        faults.push_back((l.ends.size() > 1 ? sw + ":" + port + " " : "") + describe(*f));
+      if (const std::string d = describe(fault_or_base(s, sw, port)); d != "-") {
+        faults.push_back((l.ends.size() > 1 ? sw + ":" + port + " " : "") + d);
       }
     }
     rows.push_back({l.name, join(ends, " "), l.kind, faults.empty() ? "-" : join(faults, "; ")});
@@ -1704,6 +1733,7 @@ int run_ranks(const std::string& name, const RunArgs& a) {
   // SIGKILL for what SIGTERM did not stop within 10 s (max: no SIGTERM sent yet, or done).
   Clock::time_point kill_at = Clock::time_point::max();
   bool killed = false;
+  enum class Leftovers { none, draining, terminated, sigkilled } leftovers = Leftovers::none;
   while (open_streams > 0 ||
          std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return !r.done; })) {
     std::vector<pollfd> pfds;
@@ -1745,14 +1775,51 @@ int run_ranks(const std::string& name, const RunArgs& a) {
       }
     }
     reap();
+    const bool all_reaped =
+        std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.done; });
+    if (all_reaped && open_streams > 0 && leftovers == Leftovers::none) {
+      // Every rank exited, but its output is still open: unread (it drains at once), or held by
+      // something a rank left behind (a background child), which is stopped after a drain.
+      leftovers = Leftovers::draining;
+      kill_at = Clock::now() + std::chrono::seconds(1);
+    }
     if (!killed && kill_at == Clock::time_point::max() &&
         std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.stopped; })) {
       kill_at = Clock::now() + std::chrono::seconds(10);
     }
     if (Clock::now() >= kill_at) {
-      stop_all(SIGKILL);
-      killed = true;
-      kill_at = Clock::time_point::max();
+      if (leftovers == Leftovers::draining) {
+        // Still open: stop what is left in the ranks' process groups, so that run returns.
+        if (std::any_of(ranks.begin(), ranks.end(),
+                        [](const Rank& r) { return killpg(r.pid, 0) == 0; })) {
+          std::fprintf(stderr,
+                       "[lab] every rank exited; stopping what they left running (it holds "
+                       "their output)\n");
+          for (const Rank& r : ranks) killpg(r.pid, SIGTERM);
+          leftovers = Leftovers::terminated;
+        } else {
+          leftovers = Leftovers::sigkilled;  // nothing of ours holds it: stop reading soon
+        }
+        kill_at = Clock::now() + std::chrono::seconds(10);
+      } else if (leftovers == Leftovers::terminated) {
+        for (const Rank& r : ranks) killpg(r.pid, SIGKILL);
+        leftovers = Leftovers::sigkilled;
+        // What left the ranks' groups (setsid) is not ours to kill: stop reading it soon.
+        kill_at = Clock::now() + std::chrono::seconds(1);
+      } else if (leftovers == Leftovers::sigkilled) {
+        for (Stream& st : streams) {
+          if (st.fd < 0) continue;
+          st.finish();
+          close(st.fd);
+          st.fd = -1;
+          --open_streams;
+        }
+        kill_at = Clock::time_point::max();
+      } else {
+        stop_all(SIGKILL);
+        killed = true;
+        kill_at = Clock::time_point::max();
+      }
     }
   }
   close(sfd);
@@ -1830,11 +1897,11 @@ void apply_fault(const State& s, const FaultRec& f) {
   }
 }
 
-/// Records `f` (or forgets it when it is all zero) in the state.
+/// Records `f` (or forgets it when it is the base: no fault but `lab up --loss`) in the state.
 void record_fault(State& s, const FaultRec& f) {
   auto it = std::find_if(s.faults.begin(), s.faults.end(),
                          [&](const FaultRec& x) { return x.sw == f.sw && x.port == f.port; });
-  const bool healthy = f.rx_loss == 0 && !f.down && f.delay_us == 0 && f.rate_mbps == 0;
+  const bool healthy = f.rx_loss == s.base_loss && !f.down && f.delay_us == 0 && f.rate_mbps == 0;
   if (it != s.faults.end()) s.faults.erase(it);
   if (!healthy) s.faults.push_back(f);
 }
@@ -2095,10 +2162,8 @@ int fault(const std::string& name, const FaultArgs& a) {
   // Every end's switch must run before any is changed: a link is never left half faulted.
   for (const auto& end : ends) agent_of(s, end.first);
   for (const auto& [sw, port] : ends) {
-    FaultRec f;
-    f.sw = sw;
-    f.port = port;
-    if (const FaultRec* old = fault_of(s, sw, port)) f = *old;
+    // A port's fault starts from `lab up --loss`, and `clear` goes back to it.
+    FaultRec f = fault_or_base(s, sw, port);
     if (a.action == "set") {
       if (a.loss) f.rx_loss = *a.loss;
       if (a.delay_us) f.delay_us = *a.delay_us;
@@ -2109,6 +2174,7 @@ int fault(const std::string& name, const FaultArgs& a) {
       f.down = false;
     } else {
       f = FaultRec{sw, port};
+      f.rx_loss = s.base_loss;
     }
     apply_fault(s, f);
     record_fault(s, f);
@@ -2117,7 +2183,10 @@ int fault(const std::string& name, const FaultArgs& a) {
   std::vector<std::string> now;
   for (const auto& [sw, port] : ends) {
     const FaultRec* f = fault_of(s, sw, port);
-    now.push_back(sw + ":" + port + " " + (f ? describe(*f) : std::string("healthy")));
+    now.push_back(sw + ":" + port + " " +
+                  (f                 ? describe(*f)
+                   : s.base_loss > 0 ? describe(fault_or_base(s, sw, port)) + " (lab up --loss)"
+                                     : std::string("healthy")));
   }
   std::printf("%s: %s.\n", what.c_str(),
               now.empty() ? "no faults were set" : join(now, "; ").c_str());
@@ -2164,7 +2233,6 @@ int capture(const std::string& name, const CaptureArgs& a) {
     auto ports = port_samples(parse_prometheus(get_metrics(rec.metrics_port)));
     return ports[port]["rx_packets"] + ports[port]["tx_packets"];
   };
-  const double base = a.count != 0 ? frames_now() : 0;
   pb::PortCapture m;
   m.set_switch_name(sw);
   m.set_port(port);
@@ -2185,6 +2253,8 @@ int capture(const std::string& name, const CaptureArgs& a) {
       throw Error("switch " + sw + " cannot capture " + port + ": " + st.error_message());
     }
   }
+  // Counted from once the capture runs; polled, so the file may hold a few frames more.
+  const double base = a.count != 0 ? frames_now() : 0;
   char secs[32];
   std::snprintf(secs, sizeof secs, "%g", a.seconds);
   std::fprintf(stderr, "treeduce lab: capturing %s:%s (link %s) into %s; %s\n", sw.c_str(),

@@ -55,7 +55,8 @@ struct LinkRec {
 };
 
 /// A fault set with `treeduce lab fault` on one switch port (the port's whole fault state, as
-/// SetPortFault takes it). Reapplied when the switch is restarted; removed when healed.
+/// SetPortFault takes it; its rx_loss starts from `lab up --loss`). Reapplied when the switch is
+/// restarted; removed when back to the base (no fault but up's --loss).
 struct FaultRec {
   std::string sw;    ///< switch
   std::string port;  ///< its DPDK port name
@@ -72,6 +73,7 @@ struct State {
   pid_t up_pid = -1;  ///< the `lab up` that is making it (while phase is starting)
   unsigned long long up_start = 0;
   int mtu = 1500;
+  double base_loss = 0;  ///< `lab up --loss`: rx_loss of every switch port when no fault is set
   std::string bridge;
   std::string mgmt_ip;
   std::string manager;  ///< "a.b.c.d:port" once the manager listens
@@ -84,7 +86,7 @@ struct State {
   std::vector<HostRec> hosts;
   std::vector<SwitchRec> switches;
   std::vector<LinkRec> switch_links;
-  std::vector<FaultRec> faults;  ///< ports with a fault set (never an all-zero one)
+  std::vector<FaultRec> faults;  ///< ports with a fault set (never one equal to the base)
 };
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ProcRec, role, name, pid, argv, start, log)
@@ -96,8 +98,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LinkRec, a, a_port, b, b_port)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FaultRec, sw, port, rx_loss, down, delay_us,
                                                 rate_mbps)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(State, name, slot, phase, up_pid, up_start, mtu,
-                                                bridge, mgmt_ip, manager, up_seconds, namespaces,
-                                                links, dpdk_prefixes, sockets, procs, hosts,
-                                                switches, switch_links, faults)
+                                                base_loss, bridge, mgmt_ip, manager, up_seconds,
+                                                namespaces, links, dpdk_prefixes, sockets, procs,
+                                                hosts, switches, switch_links, faults)
 
 }  // namespace treeduce::lab

@@ -308,6 +308,23 @@ TEST_F(LabCli, InterruptStopsEveryRankAndAnUpHalfWay) {
     pclose(f);
     EXPECT_EQ(pids, "") << h;
   }
+  // Every rank exits but leaves a background child holding its stdout: run stops it and returns
+  // the ranks' status.
+  r = lab({"run", "--name", n, "--", "sh", "-c", "sleep 1000 & echo left"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[h0] left"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("[lab] every rank exited; stopping what they left running"),
+            std::string::npos)
+      << r.err;
+  for (const std::string h : {"h0", "h1"}) {
+    std::string pids;
+    FILE* f = popen(("ip netns pids tdlab-" + n + "." + h).c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, f) != nullptr) pids += buf;
+    pclose(f);
+    EXPECT_EQ(pids, "") << h;
+  }
   EXPECT_EQ(lab({"down", "--name", n}).status, 0);
 
   // SIGTERM to an up that has begun to make its lab: it removes what it made.
@@ -364,6 +381,47 @@ TEST_F(LabCli, KilledWithSigkillThenDownAndUpAgain) {
   for (const auto& p : st["procs"]) kill(p["pid"].get<int>(), SIGKILL);
   r = lab({"down", "--name", n});
   EXPECT_EQ(r.status, 0) << r.err;
+  expect_gone(st);
+}
+
+TEST_F(LabCli, UpKilledWithSigkillHalfWayThenDown) {
+  // `lab up` killed with -9 after it started the manager: the state says "starting", the manager
+  // runs on. `down` must not take the manager for the `up` (nor signal up's old pid): it removes
+  // everything at once.
+  const std::string n = name("h");
+  const std::string out = root_ + "/.uph";
+  const pid_t up = start_lab(root_, {"up", "--fat-tree", "4", "--name", n}, out);
+  const std::string path = root_ + "/" + n + "/state.json";
+  nlohmann::json st;
+  int up_status = -1;
+  const bool manager_started =
+      eventually([&] {
+        int w = 0;
+        if (waitpid(up, &w, WNOHANG) == up) {  // up ended by itself (failed, or was done)
+          up_status = WIFEXITED(w) ? WEXITSTATUS(w) : 128 + WTERMSIG(w);
+          return true;
+        }
+        if (!fs::exists(path)) return false;
+        st = state(n);
+        for (const auto& p : st["procs"]) {
+          if (p["role"] == "manager") return true;
+        }
+        return false;
+      }) &&
+      up_status < 0;
+  if (up_status < 0) {
+    kill(up, SIGKILL);
+    wait_status(up);
+  }
+  ASSERT_TRUE(manager_started) << "up exited with " << up_status << ": " << read_file(out);
+  st = state(n);
+  if (st["phase"] != "starting") GTEST_SKIP() << "up was done before the kill";
+  Result r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("a `lab up` of it failed half-way"), std::string::npos) << r.err;
+  r = lab({"down", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "lab '" + n + "' is down.\n");
   expect_gone(st);
 }
 
@@ -462,6 +520,24 @@ TEST_F(LabCli, BadInputOneSentenceNothingLeft) {
   Result r = lab({"up", topo, "--name", n});
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.err, "treeduce lab: " + topo + ": line 4: host 'h0' names unknown switch 'leafX'.\n");
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
+
+  // Names that would go into paths, YAML and namespace names unchecked.
+  std::ofstream(topo) << "switches:\n  - {name: \"leaf/0\", level: 0, data: \"10.0.0.1:47110\"}\n"
+                         "hosts:\n  - {name: h0, address: 10.1.0.1, switch: \"leaf/0\"}\n";
+  r = lab({"up", topo, "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "treeduce lab: switch name 'leaf/0' does not fit a lab (1 to 32 letters, digits, '-' "
+            "or '_').\n");
+  EXPECT_FALSE(fs::exists(root_ + "/" + n));
+  std::ofstream(topo) << "switches:\n  - {name: leaf0, level: 0, data: \"10.0.0.1:47110\"}\n"
+                         "hosts:\n  - {name: \"h0: x\", address: 10.1.0.1, switch: leaf0}\n";
+  r = lab({"up", topo, "--name", n});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "treeduce lab: host name 'h0: x' does not fit a lab (1 to 32 letters, digits, '-' or "
+            "'_').\n");
   EXPECT_FALSE(fs::exists(root_ + "/" + n));
 
   r = lab({"up", "--leaf", "2", "--fat-tree", "2", "--name", n});

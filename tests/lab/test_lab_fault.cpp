@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "treeduce/aggregation/dtype.h"
@@ -67,6 +69,30 @@ std::string link_row(const std::string& text, const std::string& name) {
     }
   }
   return "";
+}
+
+/// Polls `pred` every 50 ms until it holds; false after 120 s. The bound only turns a hang into
+/// a failure: it is never what the test waits for.
+template <typename F>
+bool eventually(F pred) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+/// Reaps child `pid` into `st`. Should it still run after 120 s (a hang), it is sent SIGTERM,
+/// then SIGKILL, reaped, and false is returned.
+bool reap_child(pid_t pid, int& st) {
+  if (eventually([&] { return waitpid(pid, &st, WNOHANG) == pid; })) return true;
+  kill(pid, SIGTERM);
+  if (!eventually([&] { return waitpid(pid, &st, WNOHANG) == pid; })) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+  }
+  return false;
 }
 
 struct Result {
@@ -124,6 +150,26 @@ class LabFault : public ::testing::Test {
 
   nlohmann::json state(const std::string& n) {
     return nlohmann::json::parse(read_file(root_ + "/" + n + "/state.json"));
+  }
+
+  /// Waits until the switch says `port` ("leaf0:net_memif0 ") of lab `n` is captured by child
+  /// `cap` (a `lab capture`): "" then, else what went wrong (`cap` exited, or a hang of 120 s,
+  /// after which `cap` is stopped and reaped).
+  std::string wait_capturing(pid_t cap, const std::string& n, const std::string& port) {
+    int st = 0;
+    bool exited = false;
+    const bool done = eventually([&] {
+      exited = waitpid(cap, &st, WNOHANG) == cap;
+      return exited ||
+             line_of(lab({"status", "--name", n}).out, port).find("capturing") != std::string::npos;
+    });
+    if (exited) return "lab capture exited before " + port + "was captured";
+    if (!done) {
+      kill(cap, SIGTERM);
+      reap_child(cap, st);
+      return port + "was not captured within 120 s";
+    }
+    return "";
   }
 
   std::string root_;
@@ -309,18 +355,13 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
   const char* argv[] = {"sh", "-c", cmd.c_str(), nullptr};
   ASSERT_EQ(posix_spawn(&cap, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
   // Started once the switch says the port is captured.
-  for (bool capturing = false; !capturing;) {
-    int st = 0;
-    ASSERT_EQ(waitpid(cap, &st, WNOHANG), 0) << read_file(out);
-    capturing = line_of(lab({"status", "--name", n}).out, "leaf0:net_memif0 ").find("capturing") !=
-                std::string::npos;
-  }
+  ASSERT_EQ(wait_capturing(cap, n, "leaf0:net_memif0 "), "") << read_file(out);
   r = perf(n, "i32", "max");
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find(", 0 on the hosts"), std::string::npos) << r.out;
   kill(cap, SIGTERM);
   int st = 0;
-  ASSERT_EQ(waitpid(cap, &st, 0), cap);
+  ASSERT_TRUE(reap_child(cap, st)) << "lab capture did not end on SIGTERM: " << read_file(out);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_file(out);
   const std::string pcap = cwd + "/up.pcap";
   std::smatch m;
@@ -382,15 +423,10 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
         shq(root_ + "/h0.pcap") + " --count 10 --name " + shq(n) + " >" + shq(out2) + " 2>&1";
   const char* argv2[] = {"sh", "-c", cmd.c_str(), nullptr};
   ASSERT_EQ(posix_spawn(&cap, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv2), environ), 0);
-  for (bool capturing = false; !capturing;) {
-    ASSERT_EQ(waitpid(cap, &st, WNOHANG), 0) << read_file(out2);
-    capturing =
-        line_of(lab({"status", "--name", n}).out, "leaf0:net_af_packet0 ").find("capturing") !=
-        std::string::npos;
-  }
+  ASSERT_EQ(wait_capturing(cap, n, "leaf0:net_af_packet0 "), "") << read_file(out2);
   r = perf(n);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  ASSERT_EQ(waitpid(cap, &st, 0), cap);
+  ASSERT_TRUE(reap_child(cap, st)) << "lab capture --count 10 did not end: " << read_file(out2);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_file(out2);
   EXPECT_NE(read_file(out2).find(" frames captured on leaf0:net_af_packet0 (link h0-0)"),
             std::string::npos)
@@ -406,13 +442,9 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
         " --name " + shq(n) + " >/dev/null 2>&1";
   const char* argv3[] = {"sh", "-c", cmd.c_str(), nullptr};
   ASSERT_EQ(posix_spawn(&cap, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv3), environ), 0);
-  for (bool capturing = false; !capturing;) {
-    ASSERT_EQ(waitpid(cap, &st, WNOHANG), 0);
-    capturing = line_of(lab({"status", "--name", n}).out, "leaf1:net_memif0 ").find("capturing") !=
-                std::string::npos;
-  }
+  ASSERT_EQ(wait_capturing(cap, n, "leaf1:net_memif0 "), "");
   kill(cap, SIGKILL);
-  ASSERT_EQ(waitpid(cap, &st, 0), cap);
+  ASSERT_TRUE(reap_child(cap, st));
   r = lab({"capture", "leaf1-spine0", "-o", root_ + "/l1b.pcap", "--name", n});
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.err,
@@ -432,6 +464,34 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.err, "treeduce lab: no capture runs on leaf1:net_memif0 (link leaf1-spine0).\n");
 
+  r = lab({"down", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+TEST_F(LabFault, UpLossStaysUnderFaultsAndComesBackOnClear) {
+  // `lab up --loss` is every port's base: a fault on a port starts from it, `clear` restores it,
+  // and status (what was asked) agrees with the switch (its treeduce_port_fault_rx_loss).
+  const std::string n = "l" + std::to_string(getpid());
+  Result r = lab({"up", "--leaf", "2", "--loss", "0.05", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  r = lab({"fault", "set", "h0", "--delay-us", "500", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "link h0: leaf0:net_af_packet0 loss 0.05, delay 500 us.\n");
+  r = lab({"status", "--name", n});
+  EXPECT_NE(link_row(r.out, "h0").find("loss 0.05, delay 500 us"), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "leaf0:net_af_packet0 ").find("loss 0.05, delay 500 us"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(line_of(r.out, "leaf0:net_af_packet1 ").find("loss 0.05"), std::string::npos) << r.out;
+  r = lab({"fault", "clear", "h0", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "link h0: leaf0:net_af_packet0 loss 0.05 (lab up --loss).\n");
+  EXPECT_TRUE(state(n)["faults"].empty());
+  r = lab({"status", "--name", n});
+  const std::string port = line_of(r.out, "leaf0:net_af_packet0 ");
+  EXPECT_NE(port.find("loss 0.05"), std::string::npos) << r.out;
+  EXPECT_EQ(port.find("delay"), std::string::npos) << r.out;
+  EXPECT_NE(link_row(r.out, "h0").find("loss 0.05"), std::string::npos) << r.out;
   r = lab({"down", "--name", n});
   EXPECT_EQ(r.status, 0) << r.err;
 }
