@@ -385,37 +385,53 @@ TEST_F(LabCli, KilledWithSigkillThenDownAndUpAgain) {
 }
 
 TEST_F(LabCli, UpKilledWithSigkillHalfWayThenDown) {
-  // `lab up` killed with -9 after it started the manager: the state says "starting", the manager
-  // runs on. `down` must not take the manager for the `up` (nor signal up's old pid): it removes
-  // everything at once.
+  // `lab up` killed with -9 half-way: the manager and a switch are started and recorded, the
+  // state says "starting". `down` must not take the manager or the switch for the `up` (nor
+  // signal up's old pid): it removes everything at once. The switch is a wrapper that holds
+  // until the test releases it, so the kill always lands half-way; released, it execs the
+  // real switch under the recorded command line, as a real one would run on.
   const std::string n = name("h");
   const std::string out = root_ + "/.uph";
-  const pid_t up = start_lab(root_, {"up", "--fat-tree", "4", "--name", n}, out);
+  const std::string release = root_ + "/.uph-release";
+  const std::string wrapper = root_ + "/held-switch";
+  {
+    std::ofstream w(wrapper);
+    w << "#!/bin/bash\nwhile [ ! -e '" << release << "' ]; do sleep 0.02; done\n"
+      << "exec -a \"$0\" '" << TREEDUCE_SWITCH_BIN << "' \"$@\"\n";
+  }
+  fs::permissions(wrapper, fs::perms::owner_all);
+  setenv("TREEDUCE_SWITCH_BIN", wrapper.c_str(), 1);
+  const pid_t up = start_lab(root_, {"up", "--leaf", "2", "--name", n}, out);
+  unsetenv("TREEDUCE_SWITCH_BIN");
   const std::string path = root_ + "/" + n + "/state.json";
   nlohmann::json st;
-  int up_status = -1;
-  const bool manager_started =
-      eventually([&] {
-        int w = 0;
-        if (waitpid(up, &w, WNOHANG) == up) {  // up ended by itself (failed, or was done)
-          up_status = WIFEXITED(w) ? WEXITSTATUS(w) : 128 + WTERMSIG(w);
-          return true;
-        }
-        if (!fs::exists(path)) return false;
-        st = state(n);
-        for (const auto& p : st["procs"]) {
-          if (p["role"] == "manager") return true;
-        }
-        return false;
-      }) &&
-      up_status < 0;
-  if (up_status < 0) {
-    kill(up, SIGKILL);
-    wait_status(up);
-  }
-  ASSERT_TRUE(manager_started) << "up exited with " << up_status << ": " << read_file(out);
+  const bool held = eventually([&] {
+    if (!fs::exists(path)) return false;
+    st = state(n);
+    bool manager = false, sw = false;
+    for (const auto& p : st["procs"]) {
+      manager = manager || p["role"] == "manager";
+      sw = sw || p["role"] == "switch";
+    }
+    return manager && sw;
+  });
+  kill(up, SIGKILL);
+  EXPECT_EQ(wait_status(up), 128 + SIGKILL) << read_file(out);
+  std::ofstream(release).put('\n');
+  ASSERT_TRUE(held) << read_file(out);
   st = state(n);
-  if (st["phase"] != "starting") GTEST_SKIP() << "up was done before the kill";
+  EXPECT_EQ(st["phase"], "starting");
+  // Every switch the up started has exec'd the real switch under its recorded command line.
+  ASSERT_TRUE(eventually([&] {
+    for (const auto& p : st["procs"]) {
+      if (p["role"] != "switch") continue;
+      std::error_code ec;
+      if (fs::read_symlink("/proc/" + std::to_string(p["pid"].get<int>()) + "/exe", ec) !=
+          fs::path(TREEDUCE_SWITCH_BIN))
+        return false;
+    }
+    return true;
+  }));
   Result r = lab({"status", "--name", n});
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("a `lab up` of it failed half-way"), std::string::npos) << r.err;

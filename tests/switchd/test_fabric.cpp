@@ -144,13 +144,22 @@ class TestFabric {
   }
 
   /// Joins `job` for the four ranks, as their host library would, and keeps their assignments.
-  /// The switches may still be registering: a refusal for that reason is retried.
+  /// First every switch says it registered (its own log, not a clock); a refusal after that
+  /// (a switch whose heartbeat was late on a busy machine registers again) is retried. The
+  /// deadlines only keep a broken fabric from hanging the test.
   bool join(const std::string& job) {
+    for (std::size_t i = 0; i < fab_.switches().size(); ++i) {
+      if (!lab_.wait_log(switch_proc(i), "registered with the manager",
+                         std::chrono::seconds(120))) {
+        ADD_FAILURE() << "switch " << i << " did not register:\n" << Lab::read_log(switch_proc(i));
+        return false;
+      }
+    }
     auto stub = pb::JobService::NewStub(
         grpc::CreateChannel(fab_.manager_address(), grpc::InsecureChannelCredentials()));
     std::vector<pb::JoinReply> rep(4);
     std::vector<grpc::Status> st(4);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     do {
       std::vector<std::thread> t;
       for (int h = 0; h < 4; ++h) {
@@ -175,7 +184,10 @@ class TestFabric {
     } while (std::chrono::steady_clock::now() < deadline);
     for (int h = 0; h < 4; ++h) {
       if (!st[h].ok()) {
-        ADD_FAILURE() << "rank " << h << " join: " << st[h].error_message();
+        std::string logs;
+        for (std::size_t i = 0; i < fab_.switches().size(); ++i)
+          logs += "--- switch " + std::to_string(i) + ":\n" + Lab::read_log(switch_proc(i));
+        ADD_FAILURE() << "rank " << h << " join: " << st[h].error_message() << "\n" << logs;
         return false;
       }
       const pb::Assignment& a = rep[h].assignment();
