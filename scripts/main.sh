@@ -107,13 +107,28 @@ if [ "${TREEDUCE_MAIN_BUILT:-}" != 1 ]; then
   . scripts/deps.sh
   treeduce_install_deps
   [ -f build/build.ninja ] || meson setup build >/dev/null
-  ninja -C build control/cli/treeduce host/treeduce-perf dataplane/switchd/treeduce-switch \
-    control/treeduce-manager >/dev/null
+  echo "[0/3] building (ninja -C build) ..."
+  ninja -C build >/dev/null
 fi
 
 # Network namespaces and veth pairs need root.
 if [ "$(id -u)" -ne 0 ]; then
   exec sudo env TREEDUCE_MAIN_BUILT=1 "$BASH" "$PWD/scripts/main.sh" "${args[@]}"
+fi
+
+# What a user runs, installed (prefix /usr/local unless `meson setup --prefix` said otherwise):
+# the treeduce CLI, the switch, the manager, libtreeduce and its headers and pkg-config file, and
+# what their meson files install beside them (docs/install.md lists it).
+if [ "${TREEDUCE_MAIN_INSTALL:-1}" = 1 ]; then
+  if ! meson install -C build --no-rebuild --quiet >"${TMPDIR:-/tmp}/treeduce-install.log" 2>&1; then
+    echo "main job: FAILED (meson install -C build; its output is in" \
+      "${TMPDIR:-/tmp}/treeduce-install.log)" >&2
+    exit 1
+  fi
+  command -v ldconfig >/dev/null 2>&1 && ldconfig
+  echo "      installed under $(meson introspect build --buildoptions |
+    python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')" \
+    "(TREEDUCE_MAIN_INSTALL=0 skips it)"
 fi
 
 cli=$PWD/build/control/cli/treeduce

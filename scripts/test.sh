@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run): installs what is missing, then
-#   1. release build: every suite (unit, integration, slow);
+#   1. release build: every suite (unit, integration, slow), then `meson install` of it;
 #   2. debug build with AddressSanitizer + UndefinedBehaviorSanitizer: every suite but slow;
 #   3. clang build of the libFuzzer targets (ASan + UBSan): a short fuzz run of each.
 # Ends with one line "tests: N passed, N failed, N skipped" over all builds; exits non-zero when
@@ -43,6 +43,20 @@ run_build() {
 }
 
 run_build build all -- -Dbuildtype=release
+# What a user runs is installed by this command too (as by scripts/main.sh; docs/install.md).
+# (whatever the tests said, once the build is complete: ninja has nothing left to do).
+if [ "${TREEDUCE_TEST_INSTALL:-1}" = 1 ] && ninja -C build -n 2>/dev/null | grep -q 'no work to do'; then
+  sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  echo "== build: install" >&2
+  if ! "${sudo[@]}" meson install -C build --no-rebuild --quiet >build/meson-logs/install.log 2>&1; then
+    echo "== build: INSTALL FAILED (build/meson-logs/install.log)" >&2
+    tail -20 build/meson-logs/install.log
+    status=1
+  else
+    "${sudo[@]}" ldconfig 2>/dev/null || true
+  fi
+fi
 # Unoptimised and sanitized, every test runs several times slower (aggregation-kernels: about
 # 280 s of its 300 on a loaded 2-CPU machine): the timeouts, guards against hangs, scale with it.
 run_build build-asan all --no-suite slow --timeout-multiplier 3 -- -Dbuildtype=debug \
