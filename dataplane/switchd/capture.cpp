@@ -79,13 +79,20 @@ std::size_t Switch::Impl::write_captures() {
 
 void Switch::Impl::capture_loop() {
   if (cap_ring == nullptr) return;
+  std::unique_lock l(cap_mu);
   while (!g_stop.load(std::memory_order_relaxed)) {
-    std::size_t n;
-    {
-      std::lock_guard l(cap_mu);
-      n = write_captures();
+    if (cap_active == 0) {
+      // No capture: asleep until one starts. g_stop is set from a signal handler, which cannot
+      // notify; the bounded wait only makes the thread see it (the switch's own exit waits
+      // longer than this).
+      cap_cv.wait_for(l, std::chrono::milliseconds(100));
+      continue;
     }
-    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (write_captures() == 0) {
+      l.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      l.lock();
+    }
   }
 }
 
@@ -115,7 +122,9 @@ Status Switch::start_capture(const std::string& port, const std::string& path) {
   clock_gettime(CLOCK_REALTIME, &f->t0);
   f->tsc0 = rte_rdtsc();
   s.captures[pi] = std::move(f);
+  ++s.cap_active;
   s.faults[pi].capture.store(true, std::memory_order_relaxed);
+  s.cap_cv.notify_one();
   log("port %s: capturing to %s", port.c_str(), path.c_str());
   return Status::Ok();
 }
@@ -138,6 +147,7 @@ Status Switch::stop_capture(const std::string& port, std::uint64_t* frames) {
     return failed_precondition("Port " + port + " of " + s.cfg.name + " is not captured.");
   s.write_captures();  // a ring's worth: all that was in it when the flag went down
   std::unique_ptr<CaptureFile> f = std::move(s.captures[pi]);
+  --s.cap_active;
   *frames = f->frames;
   log("port %s: capture to %s stopped, %llu frame(s)", port.c_str(), f->path.c_str(),
       static_cast<unsigned long long>(f->frames));

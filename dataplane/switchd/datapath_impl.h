@@ -18,6 +18,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -170,8 +171,10 @@ struct Switch::Impl {
   // Captures (faults: true only): clones of the frames into cap_ring, written by capture_loop.
   rte_mempool* cap_pool = nullptr;  ///< indirect mbufs for the clones
   rte_ring* cap_ring = nullptr;     ///< MP/SC CaptureRec
-  mutable std::mutex cap_mu;        ///< captures; held while a batch is written
+  mutable std::mutex cap_mu;        ///< captures, cap_active; held while a batch is written
+  std::condition_variable cap_cv;   ///< a capture started (the thread sleeps while none runs)
   std::array<std::unique_ptr<CaptureFile>, kMaxPorts> captures;
+  std::size_t cap_active = 0;                       ///< non-null entries of `captures`
   std::uint16_t port_index[RTE_MAX_ETHPORTS] = {};  ///< port id -> index in `ports`
   rte_mempool* pool = nullptr;      ///< whole frames (RX, unicast TX, multicast payloads)
   rte_mempool* hdr_pool = nullptr;  ///< multicast header mbufs
