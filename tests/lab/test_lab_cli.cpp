@@ -22,70 +22,15 @@
 #include <thread>
 #include <vector>
 
+#include "lab_test_support.h"
+
 namespace {
 
-namespace fs = std::filesystem;
+using namespace treeduce::labtest;
 
-std::string read_file(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string shq(const std::string& w) {
-  std::string q = "'";
-  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-class LabCli : public ::testing::Test {
+class LabCli : public LabTest {
  protected:
-  void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces)";
-    char tmpl[] = "/tmp/treeduce-labcli-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override {
-    // Whatever a failed test left: every lab under our root goes.
-    if (root_.empty()) return;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(root_, ec)) {
-      if (e.is_directory()) lab({"down", "--name", e.path().filename().string()});
-    }
-    fs::remove_all(root_, ec);
-  }
-
-  /// `treeduce lab ARGS...` with `env` before it; stdout and stderr apart.
-  Result lab(const std::vector<std::string>& args, const std::string& env = "") {
-    std::string cmd =
-        "env TREEDUCE_LAB_ROOT=" + shq(root_) + " PATH=" +
-        shq(fs::path(TREEDUCE_PERF_BIN).parent_path().string() + ":" + std::getenv("PATH")) + " " +
-        env + " " + shq(TREEDUCE_CLI_BIN) + " lab";
-    for (const auto& a : args) cmd += " " + shq(a);
-    static std::atomic<int> calls{0};
-    const std::string id = std::to_string(calls++);
-    const std::string out = root_ + "/.out" + id, err = root_ + "/.err" + id;
-    cmd += " >" + shq(out) + " 2>" + shq(err) + " </dev/null";
-    const int rc = std::system(cmd.c_str());
-    Result r;
-    r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    r.out = read_file(out);
-    r.err = read_file(err);
-    return r;
-  }
-
-  std::string name(const std::string& tag) const { return "t" + std::to_string(getpid()) + tag; }
-
-  nlohmann::json state(const std::string& lab_name) {
-    return nlohmann::json::parse(read_file(root_ + "/" + lab_name + "/state.json"));
-  }
+  LabCli() : LabTest("labcli") {}
 
   static bool process_is(int pid, const std::vector<std::string>& argv) {
     const std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
@@ -133,16 +78,7 @@ class LabCli : public ::testing::Test {
           << e.path();
     }
   }
-
-  std::string root_;
 };
-
-std::vector<std::string> lines(const std::string& s) {
-  std::vector<std::string> v;
-  std::istringstream in(s);
-  for (std::string l; std::getline(in, l);) v.push_back(l);
-  return v;
-}
 
 TEST_F(LabCli, LeafOfFourUpStatusExecRunDown) {
   const std::string n = name("a");
@@ -249,47 +185,13 @@ TEST_F(LabCli, LeafOfFourUpStatusExecRunDown) {
   EXPECT_NE(r.err.find("no lab named '" + n + "' is up"), std::string::npos) << r.err;
 }
 
-/// Starts `treeduce lab ARGS...` in the background, output to `out`; its pid.
-pid_t start_lab(const std::string& root, const std::vector<std::string>& args,
-                const std::string& out) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setenv("TREEDUCE_LAB_ROOT", root.c_str(), 1);
-    const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> argv = {const_cast<char*>(TREEDUCE_CLI_BIN), const_cast<char*>("lab")};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int wait_status(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-/// Waits until `pred` holds; the bound only turns a hang into a failure.
-template <typename F>
-bool eventually(F pred) {
-  for (int i = 0; i < 6000; ++i) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 TEST_F(LabCli, InterruptStopsEveryRankAndAnUpHalfWay) {
   const std::string n = name("i");
   Result r = lab({"up", "--leaf", "2", "--name", n});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   const std::string out = root_ + "/.run";
-  const pid_t run = start_lab(
-      root_, {"run", "--name", n, "--", "sh", "-c", "echo started; exec sleep 1000"}, out);
+  const pid_t run =
+      start({"run", "--name", n, "--", "sh", "-c", "echo started; exec sleep 1000"}, out);
   ASSERT_TRUE(eventually([&] {
     const std::string o = read_file(out);
     return o.find("[h0] started") != std::string::npos &&
@@ -329,7 +231,7 @@ TEST_F(LabCli, InterruptStopsEveryRankAndAnUpHalfWay) {
 
   // SIGTERM to an up that has begun to make its lab: it removes what it made.
   const std::string m = name("j");
-  const pid_t up = start_lab(root_, {"up", "--fat-tree", "4", "--name", m}, out);
+  const pid_t up = start({"up", "--fat-tree", "4", "--name", m}, out);
   ASSERT_TRUE(eventually([&] { return fs::exists(root_ + "/" + m + "/state.json"); }));
   const nlohmann::json st = state(m);
   kill(up, SIGTERM);
@@ -400,9 +302,8 @@ TEST_F(LabCli, UpKilledWithSigkillHalfWayThenDown) {
       << "exec -a \"$0\" '" << TREEDUCE_SWITCH_BIN << "' \"$@\"\n";
   }
   fs::permissions(wrapper, fs::perms::owner_all);
-  setenv("TREEDUCE_SWITCH_BIN", wrapper.c_str(), 1);
-  const pid_t up = start_lab(root_, {"up", "--leaf", "2", "--name", n}, out);
-  unsetenv("TREEDUCE_SWITCH_BIN");
+  const pid_t up =
+      start({"up", "--leaf", "2", "--name", n}, out, "TREEDUCE_SWITCH_BIN=" + shq(wrapper));
   const std::string path = root_ + "/" + n + "/state.json";
   nlohmann::json st;
   const bool held = eventually([&] {

@@ -24,41 +24,14 @@
 #include <thread>
 #include <vector>
 
+#include "lab_test_support.h"
 #include "treeduce/aggregation/dtype.h"
 
 extern char** environ;
 
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string read_file(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string shq(const std::string& w) {
-  std::string q = "'";
-  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::vector<std::string> lines(const std::string& s) {
-  std::vector<std::string> v;
-  std::istringstream in(s);
-  for (std::string l; std::getline(in, l);) v.push_back(l);
-  return v;
-}
-
-/// The line of `text` that starts with `head`, "" if none.
-std::string line_of(const std::string& text, const std::string& head) {
-  for (const std::string& l : lines(text)) {
-    if (l.rfind(head, 0) == 0) return l;
-  }
-  return "";
-}
+using namespace treeduce::labtest;
 
 /// The row of the LINK table for link `name`.
 std::string link_row(const std::string& text, const std::string& name) {
@@ -71,72 +44,9 @@ std::string link_row(const std::string& text, const std::string& name) {
   return "";
 }
 
-/// Polls `pred` every 50 ms until it holds; false after 120 s. The bound only turns a hang into
-/// a failure: it is never what the test waits for.
-template <typename F>
-bool eventually(F pred) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
-}
-
-/// Reaps child `pid` into `st`. Should it still run after 120 s (a hang), it is sent SIGTERM,
-/// then SIGKILL, reaped, and false is returned.
-bool reap_child(pid_t pid, int& st) {
-  if (eventually([&] { return waitpid(pid, &st, WNOHANG) == pid; })) return true;
-  kill(pid, SIGTERM);
-  if (!eventually([&] { return waitpid(pid, &st, WNOHANG) == pid; })) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-  }
-  return false;
-}
-
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-class LabFault : public ::testing::Test {
+class LabFault : public LabTest {
  protected:
-  void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces)";
-    char tmpl[] = "/tmp/treeduce-labfault-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override {
-    if (root_.empty()) return;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(root_, ec)) {
-      if (e.is_directory()) lab({"down", "--name", e.path().filename().string()});
-    }
-    fs::remove_all(root_, ec);
-  }
-
-  std::string env_prefix() const {
-    return "env TREEDUCE_LAB_ROOT=" + shq(root_) + " PATH=" +
-           shq(fs::path(TREEDUCE_PERF_BIN).parent_path().string() + ":" + std::getenv("PATH")) +
-           " " + shq(TREEDUCE_CLI_BIN) + " lab";
-  }
-
-  Result lab(const std::vector<std::string>& args, const std::string& cwd = "") {
-    std::string cmd = (cwd.empty() ? "" : "cd " + shq(cwd) + " && ") + env_prefix();
-    for (const auto& a : args) cmd += " " + shq(a);
-    static std::atomic<int> calls{0};
-    const std::string id = std::to_string(calls++);
-    const std::string out = root_ + "/.out" + id, err = root_ + "/.err" + id;
-    cmd += " >" + shq(out) + " 2>" + shq(err) + " </dev/null";
-    const int rc = std::system(cmd.c_str());
-    Result r;
-    r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    r.out = read_file(out);
-    r.err = read_file(err);
-    return r;
-  }
+  LabFault() : LabTest("labfault") {}
 
   /// treeduce-perf on both hosts: 2 ranks, 1 KiB to 16 KiB.
   Result perf(const std::string& n, const std::string& dtype = "f32",
@@ -146,10 +56,6 @@ class LabFault : public ::testing::Test {
                 "4",   "-d",     dtype, "-o",    op,
                 "-n",  "2",      "-w",  "0",     "-c",
                 "1"});
-  }
-
-  nlohmann::json state(const std::string& n) {
-    return nlohmann::json::parse(read_file(root_ + "/" + n + "/state.json"));
   }
 
   /// Waits until the switch says `port` ("leaf0:net_memif0 ") of lab `n` is captured by child
@@ -171,8 +77,6 @@ class LabFault : public ::testing::Test {
     }
     return "";
   }
-
-  std::string root_;
 };
 
 /// A daemon counter of one switch in `lab status` ("SWITCH  COUNTER  N"), 0 if not listed.
@@ -349,7 +253,7 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
   const std::string cwd = root_ + "/cwd";
   fs::create_directories(cwd);
   const std::string out = root_ + "/.capture.out";
-  std::string cmd = "cd " + shq(cwd) + " && exec " + env_prefix() +
+  std::string cmd = "cd " + shq(cwd) + " && exec " + command() +
                     " capture leaf0-spine0 -o up.pcap --name " + shq(n) + " >" + shq(out) + " 2>&1";
   pid_t cap = -1;
   const char* argv[] = {"sh", "-c", cmd.c_str(), nullptr};
@@ -419,7 +323,7 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
   // --count: stops by itself once the port has seen that many frames (the run makes them).
   const std::string out2 = root_ + "/.capture2.out";
   // Run as if by sudo from uid 65534: the file is handed to that user.
-  cmd = "exec env SUDO_UID=65534 SUDO_GID=65534 " + env_prefix() + " capture h0-0 -o " +
+  cmd = "exec env SUDO_UID=65534 SUDO_GID=65534 " + command() + " capture h0-0 -o " +
         shq(root_ + "/h0.pcap") + " --count 10 --name " + shq(n) + " >" + shq(out2) + " 2>&1";
   const char* argv2[] = {"sh", "-c", cmd.c_str(), nullptr};
   ASSERT_EQ(posix_spawn(&cap, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv2), environ), 0);
@@ -438,8 +342,8 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
 
   // A capture whose `lab capture` was killed with -9 keeps running: a second one is refused
   // with the way out, --stop.
-  cmd = "exec " + env_prefix() + " capture leaf1-spine0 -o " + shq(root_ + "/l1.pcap") +
-        " --name " + shq(n) + " >/dev/null 2>&1";
+  cmd = "exec " + command() + " capture leaf1-spine0 -o " + shq(root_ + "/l1.pcap") + " --name " +
+        shq(n) + " >/dev/null 2>&1";
   const char* argv3[] = {"sh", "-c", cmd.c_str(), nullptr};
   ASSERT_EQ(posix_spawn(&cap, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv3), environ), 0);
   ASSERT_EQ(wait_capturing(cap, n, "leaf1:net_memif0 "), "");

@@ -29,49 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include "lab_test_support.h"
+
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string read_file(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string shq(const std::string& w) {
-  std::string q = "'";
-  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::vector<std::string> lines(const std::string& s) {
-  std::vector<std::string> v;
-  std::istringstream in(s);
-  for (std::string l; std::getline(in, l);) v.push_back(l);
-  return v;
-}
-
-bool has(const std::string& text, const std::string& what) {
-  return text.find(what) != std::string::npos;
-}
-
-/// Waits until `pred` holds; the bound only turns a hang into a failure.
-template <typename F>
-bool eventually(F pred) {
-  for (int i = 0; i < 12000; ++i) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
-int wait_status(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+using namespace treeduce::labtest;
 
 /// GET http://127.0.0.1:port/metrics (a switch's Prometheus endpoint): the body.
 std::string get_metrics(int port) {
@@ -137,82 +99,29 @@ std::vector<std::string> row(const std::string& status, const std::string& first
   return {};
 }
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-class LabJobs : public ::testing::Test {
+class LabJobs : public LabTest {
  protected:
-  void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces)";
-    char tmpl[] = "/tmp/treeduce-labjobs-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    chmod(root_.c_str(), 0755);
-  }
-  void TearDown() override {
-    if (root_.empty()) return;
-    // Ranks still held by a failed test go first, then every lab under our root.
+  LabJobs() : LabTest("labjobs") {}
+
+  /// Ranks still held by a failed test go before the labs.
+  void before_down() override {
     std::ofstream(root_ + "/release");
     for (pid_t p : background_) {
       kill(p, SIGTERM);
       wait_status(p);
     }
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(root_, ec)) {
-      if (e.is_directory() && fs::exists(e.path() / "state.json")) {
-        lab({"down", "--name", e.path().filename().string()});
-      }
-    }
-    fs::remove_all(root_, ec);
-  }
-
-  std::string env_prefix(const std::string& env) const {
-    return "env TREEDUCE_LAB_ROOT=" + shq(root_) + " PATH=" +
-           shq(fs::path(TREEDUCE_PERF_BIN).parent_path().string() + ":" + std::getenv("PATH")) +
-           " " + env + " ";
-  }
-
-  /// `treeduce lab ARGS...` with `env` before it; stdout and stderr apart.
-  Result lab(const std::vector<std::string>& args, const std::string& env = "") {
-    std::string cmd = env_prefix(env) + shq(TREEDUCE_CLI_BIN) + " lab";
-    for (const auto& a : args) cmd += " " + shq(a);
-    static std::atomic<int> calls{0};
-    const std::string id = std::to_string(calls++);
-    const std::string out = root_ + "/.out" + id, err = root_ + "/.err" + id;
-    cmd += " >" + shq(out) + " 2>" + shq(err) + " </dev/null";
-    const int rc = std::system(cmd.c_str());
-    Result r;
-    r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    r.out = read_file(out);
-    r.err = read_file(err);
-    return r;
   }
 
   /// `treeduce lab ARGS...` in the background, stdout and stderr to `out`; its pid (reaped by
   /// finish() or, after a failure, by TearDown).
   pid_t start(const std::vector<std::string>& args, const std::string& out) {
-    std::string cmd = "exec " + env_prefix("") + shq(TREEDUCE_CLI_BIN) + " lab";
-    for (const auto& a : args) cmd += " " + shq(a);
-    cmd += " >" + shq(out) + " 2>&1 </dev/null";
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
+    const pid_t pid = LabTest::start(args, out);
     background_.push_back(pid);
     return pid;
   }
   int finish(pid_t pid) {
     std::erase(background_, pid);
     return wait_status(pid);
-  }
-
-  std::string name(const std::string& tag) const { return "j" + std::to_string(getpid()) + tag; }
-
-  nlohmann::json state(const std::string& lab_name) {
-    return nlohmann::json::parse(read_file(root_ + "/" + lab_name + "/state.json"));
   }
 
   /// tests/lab/lab_job_rank.c built as a user builds a program on libtreeduce (docs/host.md,
@@ -246,7 +155,6 @@ class LabJobs : public ::testing::Test {
     return all;
   }
 
-  std::string root_;
   std::vector<pid_t> background_;
 };
 

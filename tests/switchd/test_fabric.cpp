@@ -399,15 +399,30 @@ TEST(Fabric, EveryDtypeAndOpExact) {
   }
 }
 
-/// SetPortFault on switch `sw` (its agent port from its "ready" line).
-grpc::Status set_fault(const Proc& sw, const std::string& name, const std::string& port,
-                       double loss, bool down, std::uint32_t delay_us, std::uint32_t rate_mbps) {
+/// The switch agent of switch process `sw` (its port from the "agent port N" of its log); null
+/// when its log has none.
+std::unique_ptr<pb::SwitchAgent::Stub> agent_of(const Proc& sw) {
   std::smatch m;
   const std::string log = Lab::read_log(sw);
-  if (!std::regex_search(log, m, std::regex("agent port ([0-9]+)")))
-    return {grpc::StatusCode::UNAVAILABLE, "no agent port in the switch's log"};
-  auto stub = pb::SwitchAgent::NewStub(
+  if (!std::regex_search(log, m, std::regex("agent port ([0-9]+)"))) return nullptr;
+  return pb::SwitchAgent::NewStub(
       grpc::CreateChannel("127.0.0.1:" + m[1].str(), grpc::InsecureChannelCredentials()));
+}
+
+/// An RPC context with a deadline that only keeps a dead switch from hanging the test.
+std::unique_ptr<grpc::ClientContext> rpc_context() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return ctx;
+}
+
+const grpc::Status kNoAgent{grpc::StatusCode::UNAVAILABLE, "no agent port in the switch's log"};
+
+/// SetPortFault on switch `sw`.
+grpc::Status set_fault(const Proc& sw, const std::string& name, const std::string& port,
+                       double loss, bool down, std::uint32_t delay_us, std::uint32_t rate_mbps) {
+  const auto stub = agent_of(sw);
+  if (stub == nullptr) return kNoAgent;
   pb::PortFault f;
   f.set_switch_name(name);
   f.set_port(port);
@@ -415,29 +430,21 @@ grpc::Status set_fault(const Proc& sw, const std::string& name, const std::strin
   f.set_down(down);
   f.set_delay_us(delay_us);
   f.set_rate_mbps(rate_mbps);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   pb::AgentReply rep;
-  return stub->SetPortFault(&ctx, f, &rep);
+  return stub->SetPortFault(rpc_context().get(), f, &rep);
 }
 
 /// SetPortCapture on switch `sw`: starts a capture to `path`, or stops it ("") and sets *frames.
 grpc::Status set_capture(const Proc& sw, const std::string& name, const std::string& port,
                          const std::string& path, std::uint64_t* frames = nullptr) {
-  std::smatch m;
-  const std::string log = Lab::read_log(sw);
-  if (!std::regex_search(log, m, std::regex("agent port ([0-9]+)")))
-    return {grpc::StatusCode::UNAVAILABLE, "no agent port in the switch's log"};
-  auto stub = pb::SwitchAgent::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + m[1].str(), grpc::InsecureChannelCredentials()));
+  const auto stub = agent_of(sw);
+  if (stub == nullptr) return kNoAgent;
   pb::PortCapture c;
   c.set_switch_name(name);
   c.set_port(port);
   c.set_path(path);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   pb::PortCaptureReply rep;
-  grpc::Status s = stub->SetPortCapture(&ctx, c, &rep);
+  grpc::Status s = stub->SetPortCapture(rpc_context().get(), c, &rep);
   if (frames != nullptr) *frames = rep.frames();
   return s;
 }

@@ -1,0 +1,179 @@
+// What the `treeduce lab` integration tests share: running the real treeduce binary under a
+// state root of the test's own (TREEDUCE_LAB_ROOT, so a test never meets a user's lab), waiting
+// for events without clocks, and reading what the lab wrote. Header-only; every test executable
+// defines TREEDUCE_CLI_BIN and TREEDUCE_PERF_BIN (tests/lab/meson.build).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace treeduce::labtest {
+
+namespace fs = std::filesystem;
+
+inline std::string read_file(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+/// `w` quoted for sh.
+inline std::string shq(const std::string& w) {
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+inline std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> v;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+inline bool has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+/// The line of `text` that starts with `head`, "" if none.
+inline std::string line_of(const std::string& text, const std::string& head) {
+  for (const std::string& l : lines(text)) {
+    if (l.rfind(head, 0) == 0) return l;
+  }
+  return "";
+}
+
+/// Polls `pred` every 10 ms until it holds; false after 120 s. The bound only turns a hang into
+/// a failure: it is never what a test waits for.
+template <typename F>
+bool eventually(F pred) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+/// Reaps child `pid`: its exit status, or 128 + the signal that ended it.
+inline int wait_status(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/// Reaps child `pid` into `st`. Should it still run after 120 s (a hang), it is sent SIGTERM,
+/// then SIGKILL, reaped, and false is returned.
+inline bool reap_child(pid_t pid, int& st) {
+  if (eventually([&] { return waitpid(pid, &st, WNOHANG) == pid; })) return true;
+  kill(pid, SIGTERM);
+  if (!eventually([&] { return waitpid(pid, &st, WNOHANG) == pid; })) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+  }
+  return false;
+}
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+/// A fixture whose labs live under a state root of its own, all taken down after the test
+/// (also a failed one). Needs root: skips otherwise.
+class LabTest : public ::testing::Test {
+ protected:
+  /// `tag` names the state root (/tmp/treeduce-TAG-XXXXXX).
+  explicit LabTest(std::string tag) : tag_(std::move(tag)) {}
+
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces)";
+    std::string tmpl = "/tmp/treeduce-" + tag_ + "-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+    chmod(root_.c_str(), 0755);  // ranks that drop root read what the test writes here
+  }
+
+  void TearDown() override {
+    if (root_.empty()) return;
+    before_down();
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root_, ec)) {
+      if (e.is_directory() && fs::exists(e.path() / "state.json")) {
+        lab({"down", "--name", e.path().filename().string()});
+      }
+    }
+    fs::remove_all(root_, ec);
+  }
+
+  /// What a fixture stops before the labs go down (ranks it holds, say).
+  virtual void before_down() {}
+
+  /// `env TREEDUCE_LAB_ROOT=... PATH=<treeduce-perf's dir>:$PATH ENV treeduce lab`.
+  std::string command(const std::string& env = "") const {
+    return "env TREEDUCE_LAB_ROOT=" + shq(root_) + " PATH=" +
+           shq(fs::path(TREEDUCE_PERF_BIN).parent_path().string() + ":" + std::getenv("PATH")) +
+           " " + env + " " + shq(TREEDUCE_CLI_BIN) + " lab";
+  }
+
+  /// `treeduce lab ARGS...` with `env` before it, in `cwd` when given; stdout and stderr apart.
+  Result lab(const std::vector<std::string>& args, const std::string& env = "",
+             const std::string& cwd = "") {
+    std::string cmd = (cwd.empty() ? "" : "cd " + shq(cwd) + " && ") + command(env);
+    for (const auto& a : args) cmd += " " + shq(a);
+    static std::atomic<int> calls{0};
+    const std::string id = std::to_string(calls++);
+    const std::string out = root_ + "/.out" + id, err = root_ + "/.err" + id;
+    cmd += " >" + shq(out) + " 2>" + shq(err) + " </dev/null";
+    const int rc = std::system(cmd.c_str());
+    Result r;
+    r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    r.out = read_file(out);
+    r.err = read_file(err);
+    return r;
+  }
+
+  /// `treeduce lab ARGS...` in the background with `env` before it, stdout and stderr to `out`;
+  /// its pid, for the caller to reap.
+  pid_t start(const std::vector<std::string>& args, const std::string& out,
+              const std::string& env = "") {
+    std::string cmd = "exec " + command(env);
+    for (const auto& a : args) cmd += " " + shq(a);
+    cmd += " >" + shq(out) + " 2>&1 </dev/null";
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  }
+
+  /// A lab name unique to this test process.
+  std::string name(const std::string& tag) const { return "t" + std::to_string(getpid()) + tag; }
+
+  nlohmann::json state(const std::string& lab_name) const {
+    return nlohmann::json::parse(read_file(root_ + "/" + lab_name + "/state.json"));
+  }
+
+  std::string root_;
+
+ private:
+  std::string tag_;
+};
+
+}  // namespace treeduce::labtest
