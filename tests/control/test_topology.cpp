@@ -32,6 +32,15 @@ const char* kHead =
 
 }  // namespace
 
+// The example docs/deploy.md installs: two leaves under one spine.
+TEST(Topology, DeployExampleLoads) {
+  auto t = load_topology_file(std::string(TREEDUCE_SOURCE_ROOT) + "/deploy/examples/topology.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->switches.size(), 3u);
+  EXPECT_EQ(t->hosts.size(), 4u);
+  EXPECT_EQ(t->levels(), 2u);
+}
+
 TEST(Topology, DocExampleLoads) {
   const std::string yaml = doc_example();
   ASSERT_FALSE(yaml.empty()) << "docs/manager.md lost its yaml example";

@@ -1,7 +1,8 @@
 // What the `treeduce lab` integration tests share: running the real treeduce binary under a
 // state root of the test's own (TREEDUCE_LAB_ROOT, so a test never meets a user's lab), waiting
 // for events without clocks, and reading what the lab wrote. Header-only; every test executable
-// defines TREEDUCE_CLI_BIN and TREEDUCE_PERF_BIN (tests/lab/meson.build).
+// defines TREEDUCE_CLI_BIN and TREEDUCE_PERF_BIN (tests/lab/meson.build), the defaults of cli_
+// and tools_dir_.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -124,18 +125,20 @@ class LabTest : public ::testing::Test {
   /// What a fixture stops before the labs go down (ranks it holds, say).
   virtual void before_down() {}
 
-  /// `env TREEDUCE_LAB_ROOT=... PATH=<treeduce-perf's dir>:$PATH ENV treeduce lab`.
+  /// `env TREEDUCE_LAB_ROOT=... PATH=<tools_dir_>:$PATH ENV <cli_> lab`.
   std::string command(const std::string& env = "") const {
-    return "env TREEDUCE_LAB_ROOT=" + shq(root_) + " PATH=" +
-           shq(fs::path(TREEDUCE_PERF_BIN).parent_path().string() + ":" + std::getenv("PATH")) +
-           " " + env + " " + shq(TREEDUCE_CLI_BIN) + " lab";
+    return "env TREEDUCE_LAB_ROOT=" + shq(root_) +
+           " PATH=" + shq(tools_dir_ + ":" + std::getenv("PATH")) + " " + env + " " + shq(cli_) +
+           " lab";
   }
 
   /// `treeduce lab ARGS...` with `env` before it, in `cwd` when given; stdout and stderr apart.
   Result lab(const std::vector<std::string>& args, const std::string& env = "",
              const std::string& cwd = "") {
-    std::string cmd = (cwd.empty() ? "" : "cd " + shq(cwd) + " && ") + command(env);
-    for (const auto& a : args) cmd += " " + shq(a);
+    std::string cmd;
+    if (!cwd.empty()) cmd.append("cd ").append(shq(cwd)).append(" && ");
+    cmd += command(env);
+    for (const auto& a : args) cmd.append(" ").append(shq(a));
     static std::atomic<int> calls{0};
     const std::string id = std::to_string(calls++);
     const std::string out = root_ + "/.out" + id, err = root_ + "/.err" + id;
@@ -153,7 +156,7 @@ class LabTest : public ::testing::Test {
   pid_t start(const std::vector<std::string>& args, const std::string& out,
               const std::string& env = "") {
     std::string cmd = "exec " + command(env);
-    for (const auto& a : args) cmd += " " + shq(a);
+    for (const auto& a : args) cmd.append(" ").append(shq(a));
     cmd += " >" + shq(out) + " 2>&1 </dev/null";
     const pid_t pid = fork();
     if (pid == 0) {
@@ -171,6 +174,9 @@ class LabTest : public ::testing::Test {
   }
 
   std::string root_;
+  std::string cli_ = TREEDUCE_CLI_BIN;  ///< the treeduce binary the test runs
+  /// Put first on the PATH of what `lab` runs (treeduce-perf's directory).
+  std::string tools_dir_ = fs::path(TREEDUCE_PERF_BIN).parent_path().string();
 
  private:
   std::string tag_;

@@ -61,6 +61,20 @@ const std::string kTree =
 
 }  // namespace
 
+// The example docs/deploy.md installs for a leaf on a NIC bound to vfio-pci (PCI-named ports).
+TEST(SwitchConfig, DeployExampleLoads) {
+  std::ifstream in(std::string(TREEDUCE_SOURCE_ROOT) + "/deploy/examples/switch-leaf0.yaml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ASSERT_FALSE(ss.str().empty()) << "deploy/examples/switch-leaf0.yaml is missing";
+  const SwitchConfig c = load(ss.str());
+  EXPECT_EQ(c.name, "leaf0");
+  ASSERT_EQ(c.ports.size(), 2u);
+  EXPECT_EQ(c.ports[0].name, "0000:03:00.0");
+  EXPECT_EQ(c.ports[1].mtu, 9000u);
+  EXPECT_EQ(c.manager, "10.0.0.100:9300");
+}
+
 TEST(SwitchConfig, DocExampleLoads) {
   const std::string yaml = doc_example();
   ASSERT_FALSE(yaml.empty()) << "docs/switch-config.md lost its yaml example";
