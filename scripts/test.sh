@@ -61,7 +61,7 @@ fi
 # 280 s of its 300 on a loaded 2-CPU machine): the timeouts, guards against hangs, scale with it.
 run_build build-asan all --no-suite slow --timeout-multiplier 3 -- -Dbuildtype=debug \
   -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=false
-CXX=clang++ run_build build-fuzz tests/fuzz/treeduce-fuzz-core --suite fuzz -- -Dfuzz=enabled \
+CXX=clang++ run_build build-fuzz fuzz-targets --suite fuzz -- -Dfuzz=enabled \
   -Dbenchmarks=false -Db_sanitize=address,undefined -Db_lundef=false
 
 python3 - build build-asan build-fuzz <<'PY'

@@ -83,6 +83,16 @@ Status Topology::finalize() {
       return invalid_argument("host '" + h.name + "' reuses the address " + to_string(h.data) +
                               ".");
   }
+  // Every level from the leaves up has a switch: a fabric without leaves has nowhere for hosts,
+  // and a missing level leaves the ones above unreachable.
+  std::vector<bool> seen(levels_, false);
+  for (const Switch& s : switches) seen[s.level] = true;
+  for (std::uint32_t l = 0; l < levels_; ++l)
+    if (!seen[l])
+      return invalid_argument(l == 0 ? std::string("The topology has no leaf (level-0) switch.")
+                                     : "The topology has switches at level " +
+                                           std::to_string(levels_ - 1) + " but none at level " +
+                                           std::to_string(l) + ".");
   by_level_.assign(levels_, {});
   leaves_.clear();
   leaf_no_.assign(switches.size(), ~0u);

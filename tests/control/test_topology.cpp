@@ -131,6 +131,11 @@ TEST(Topology, ProfilesNameTheirTypesAndOperations) {
 TEST(Topology, StructuralErrors) {
   EXPECT_EQ(load_topology_yaml("switches: []\n").status().code(), Code::invalid_argument);
   EXPECT_EQ(load_topology_file("/nonexistent/x.yaml").status().code(), Code::not_found);
+  // Found by tests/fuzz/fuzz_topology.cpp: a fabric without leaves read past an empty vector.
+  auto r = load_topology_yaml("switches:\n  - {name: s, level: 2}\n");
+  EXPECT_EQ(r.status().message(), "The topology has no leaf (level-0) switch.");
+  r = load_topology_yaml("switches:\n  - {name: l, level: 0}\n  - {name: s, level: 2}\n");
+  EXPECT_EQ(r.status().message(), "The topology has switches at level 2 but none at level 1.");
 }
 
 TEST(Topology, Addresses) {

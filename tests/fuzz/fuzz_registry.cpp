@@ -1,0 +1,179 @@
+// libFuzzer target over the manager's request handling below the gRPC edge (JobRegistry: what
+// JobService and SwitchRegistry call): any sequence of joins, heartbeats, leaves, aborts, switch
+// registrations, heartbeats and failures, clock steps with lease sweeps, and switch agents that
+// fail installs, with hostile names and sizes. Never a crash, a hang or an exception; every
+// refusal is a sentence; and once every rank has left and every lease and hold has run out, no
+// job, tree, slot or byte is left on any switch (docs/manager.md). Input: byte 0 picks the
+// options, then records read by FuzzedDataProvider (tests/fuzz/corpus-registry/ has seeds).
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "treeduce/control/registry.h"
+#include "treeduce/control/topology.h"
+
+namespace {
+
+using namespace treeduce;
+using namespace treeduce::ctl;
+
+void check(bool ok) {
+  if (!ok) __builtin_trap();
+}
+
+/// Switch agents in memory: installs succeed unless `failing`; what each switch holds.
+class FakeSwitches final : public SwitchClient {
+ public:
+  Status install(const std::string&, const TreeInstall& t) override {
+    if (failing) return unavailable("the fuzzer's switch " + t.switch_name + " is unreachable.");
+    held[t.switch_name].insert(t.tree_id);
+    return Status::Ok();
+  }
+  Status remove(const std::string&, const std::string& sw, std::uint16_t tree) override {
+    if (failing) return unavailable("the fuzzer's switch " + sw + " is unreachable.");
+    held[sw].erase(tree);
+    return Status::Ok();
+  }
+  bool failing = false;
+  std::map<std::string, std::set<std::uint16_t>> held;
+};
+
+const Topology& topology() {
+  static const Topology t = *make_fat_tree2(4, "server");  // 4 leaves of 2 hosts, 2 spines
+  return t;
+}
+
+std::string pick_name(FuzzedDataProvider& in, const char* const* known, std::size_t n) {
+  if (in.ConsumeBool()) return known[in.ConsumeIntegralInRange<std::size_t>(0, n - 1)];
+  return in.ConsumeRandomLengthString(24);
+}
+
+void check_refusal(const Status& s) { check(s.ok() || !s.message().empty()); }
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  FuzzedDataProvider in(data, size);
+  const Topology& topo = topology();
+  std::int64_t now = 1'000'000;
+  RegistryOptions opt;
+  opt.lease_ms = 1000;
+  opt.switch_lease_ms = 1000;
+  opt.abort_hold_ms = 2000;
+  opt.require_registration = in.ConsumeBool();
+  opt.clock = [&now] { return now; };
+  FakeSwitches sw;
+  JobRegistry reg(topo, sw, opt);
+
+  static const char* const jobs[] = {"a", "b", "c"};
+  std::vector<std::string> switch_names, host_names;
+  for (const auto& s : topo.switches) switch_names.push_back(s.name);
+  for (const auto& h : topo.hosts) host_names.push_back(h.name);
+  std::vector<const char*> sws, hosts;
+  for (const auto& s : switch_names) sws.push_back(s.c_str());
+  for (const auto& h : host_names) hosts.push_back(h.c_str());
+  std::set<std::pair<std::string, std::uint32_t>> joined;
+
+  for (int step = 0; step < 256 && in.remaining_bytes() > 0; ++step) {
+    switch (in.ConsumeIntegralInRange<int>(0, 8)) {
+      case 0: {
+        JoinArgs a;
+        a.job = pick_name(in, jobs, 3);
+        a.rank = in.ConsumeIntegralInRange<std::uint32_t>(0, 9);
+        a.world = in.ConsumeIntegralInRange<std::uint32_t>(0, 9);
+        a.host = pick_name(in, hosts.data(), hosts.size());
+        a.port = in.ConsumeIntegral<std::uint16_t>();
+        a.slots = in.ConsumeBool() ? 1u << in.ConsumeIntegralInRange(0, 13)
+                                   : in.ConsumeIntegral<std::uint32_t>();
+        a.payload_bytes = in.ConsumeBool() ? 1u << in.ConsumeIntegralInRange(7, 14)
+                                           : in.ConsumeIntegral<std::uint32_t>();
+        a.dtype_mask = in.ConsumeIntegral<std::uint32_t>();
+        a.op_mask = in.ConsumeIntegral<std::uint32_t>();
+        a.deterministic = in.ConsumeBool();
+        const auto r = reg.join(a, 0);
+        if (r.ok()) {
+          joined.insert({a.job, a.rank});
+          check(r->slots >= 1 && r->payload_bytes >= 1);
+        } else {
+          check_refusal(r.status());
+          joined.insert({a.job, a.rank});  // a gathering rank is a member too
+        }
+        break;
+      }
+      case 1: {
+        const auto r = reg.heartbeat(pick_name(in, jobs, 3), in.ConsumeIntegralInRange(0, 9));
+        if (!r.ok()) check_refusal(r.status());
+        break;
+      }
+      case 2:
+        check_refusal(reg.leave(pick_name(in, jobs, 3), in.ConsumeIntegralInRange(0, 9)));
+        break;
+      case 3: {
+        std::optional<std::uint32_t> rank;
+        if (in.ConsumeBool()) rank = in.ConsumeIntegralInRange<std::uint32_t>(0, 9);
+        const std::string job = pick_name(in, jobs, 3);
+        check_refusal(reg.abort(job, rank, in.ConsumeRandomLengthString(40)));
+        break;
+      }
+      case 4: {
+        const std::string name = pick_name(in, sws.data(), sws.size());
+        std::optional<ResourceProfile> limits;
+        if (in.ConsumeBool()) {
+          ResourceProfile p;
+          p.name = "fuzz";
+          p.max_trees = in.ConsumeIntegralInRange<std::uint32_t>(0, 8);
+          p.max_slots = in.ConsumeIntegral<std::uint32_t>();
+          p.max_payload_bytes = in.ConsumeIntegralInRange<std::uint32_t>(0, 16384);
+          p.memory_bytes = in.ConsumeIntegral<std::uint64_t>();
+          p.max_children = in.ConsumeIntegralInRange<std::uint32_t>(0, 80);
+          p.dtype_mask = in.ConsumeIntegral<std::uint32_t>();
+          p.op_mask = in.ConsumeIntegral<std::uint32_t>();
+          p.deterministic = in.ConsumeBool();
+          limits = p;
+        }
+        const std::string agent =
+            in.ConsumeBool() ? "127.0.0.1:" + std::to_string(in.ConsumeIntegral<std::uint16_t>())
+                             : in.ConsumeRandomLengthString(24);
+        check_refusal(reg.register_switch(name, agent, limits));
+        break;
+      }
+      case 5:
+        check_refusal(reg.switch_heartbeat(pick_name(in, sws.data(), sws.size())));
+        break;
+      case 6: {
+        const std::string name = pick_name(in, sws.data(), sws.size());
+        check_refusal(reg.fail_switch(name, in.ConsumeRandomLengthString(40)));
+        break;
+      }
+      case 7:
+        now += in.ConsumeIntegralInRange<std::int64_t>(0, 5000);
+        reg.sweep();
+        break;
+      case 8:
+        sw.failing = !sw.failing;
+        break;
+    }
+    for (const SwitchView& v : reg.switches()) {
+      const ResourceProfile& p = v.profile;
+      check(p.max_trees == 0 || v.used.trees <= p.max_trees);
+    }
+  }
+
+  // Everyone leaves; every lease and hold runs out: nothing may be left behind.
+  sw.failing = false;
+  for (const auto& [job, rank] : joined) (void)reg.leave(job, rank);
+  now += 1'000'000;
+  reg.sweep();
+  check(reg.jobs().empty());
+  for (const SwitchView& v : reg.switches()) {
+    check(v.used.trees == 0);
+    check(v.used.slots == 0);
+    check(v.used.bytes == 0);
+  }
+  return 0;
+}
