@@ -11,7 +11,7 @@ network when the job has a tree, on the hosts otherwise, loudly); every other op
 through a Gloo process group made from the same store, said once on rank 0's stderr.
 """
 
-from datetime import timedelta
+import os
 
 import torch
 import torch.distributed as dist
@@ -23,11 +23,24 @@ __all__ = ["BACKEND", "info", "offloads", "fp8_allreduce", "fp8_round"]
 BACKEND = "treeduce"
 
 
+def _gloo(store, rank, world_size, timeout):
+    """The Gloo group of the operations the network does not reduce. Torch's Gloo binds to what
+    the host name resolves to unless GLOO_SOCKET_IFNAME names an interface; without it, this
+    binds to TREEDUCE_FALLBACK_ADDRESS when set (libtreeduce's host path uses that address too,
+    and `treeduce lab run` sets it to the host's management address)."""
+    prefixed = dist.PrefixStore("treeduce-gloo/", store)  # apart from the backend's own keys
+    address = os.environ.get("TREEDUCE_FALLBACK_ADDRESS")
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not address:
+        return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    return dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
+
+
 def _create(store, rank, world_size, timeout):
-    # Gloo's keys under a prefix of their own, apart from the backend's rendezvous keys.
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("treeduce-gloo/", store), rank, world_size,
-                                 timeout)
-    return _C.create_process_group(store, rank, world_size, timeout, gloo)
+    return _C.create_process_group(store, rank, world_size, timeout,
+                                   _gloo(store, rank, world_size, timeout))
 
 
 if BACKEND.upper() not in dist.Backend._plugins:

@@ -53,6 +53,16 @@ def bf16_hook(state, bucket):
     world = group.size()
     buf = bucket.buffer()
     compressed = buf.to(torch.bfloat16)
+    if not _is_treeduce(group):
+        # Gloo has no bfloat16: the same numbers on the hosts, the bf16 values summed in
+        # float32 and the sum rounded once, as the switch does.
+        fut = dist.all_reduce(compressed.float(), group=group, async_op=True).get_future()
+
+        def done_hosts(f):
+            buf.copy_(f.value()[0].to(torch.bfloat16))
+            return buf.div_(world)
+
+        return fut.then(done_hosts)
     fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
 
     def done(f):
@@ -86,7 +96,12 @@ def _fp8_on_hosts(group, buf, fmt):
         fut = torch.futures.Future()
         fut.set_result(buf)
         return fut
-    scale = _FP8_MAX[fmt] / (world * a) if a > 0 else 1.0
+    # float32 arithmetic in the order of the extension's, so that results are bit-identical
+    f32 = torch.float32
+    scale = (torch.tensor(_FP8_MAX[fmt], dtype=f32) / (torch.tensor(world, dtype=f32) *
+                                                        torch.tensor(a, dtype=f32))
+             if a > 0 else torch.tensor(1.0, dtype=f32))
+    back = torch.tensor(1.0, dtype=f32) / scale / torch.tensor(world, dtype=f32)
     q = buf.mul(scale).contiguous()
     _C.fp8_round(q, fmt)
     fut = dist.all_reduce(q, group=group, async_op=True).get_future()
@@ -95,7 +110,7 @@ def _fp8_on_hosts(group, buf, fmt):
         s = f.value()[0]
         _C.fp8_round(s, fmt)
         buf.copy_(s)
-        return buf.div_(scale * world)
+        return buf.mul_(back)
 
     return fut.then(done)
 
