@@ -144,7 +144,7 @@ def main():
               flush=True)
     try:
         net, records = train(args, log=lambda s: print(s, flush=True))
-    except RuntimeError as e:
+    except Exception as e:  # noqa: BLE001
         # A collective failed (a rank died, the network and the host path failed): say it and
         # leave at once, without waiting for the group's teardown.
         print(f"rank {rank}: training stopped: {e}", file=sys.stderr, flush=True)
