@@ -393,6 +393,18 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
     }
   }
 
+  /// libtreeduce's own blocking allreduce (SUM) of `t` in place, bypassing the Work and the
+  /// completion thread: the benchmark's measure of what the binding adds.
+  void raw_allreduce(at::Tensor t) {
+    TORCH_CHECK(comm_, "treeduce: raw_allreduce needs the group's communicator: ", reason_);
+    const auto d = to_dtype(t.scalar_type());
+    TORCH_CHECK(d && t.is_contiguous() && t.device().is_cpu(),
+                "treeduce: raw_allreduce takes a contiguous CPU tensor of a treeduce type");
+    const Result r = comm_->allreduce(t.data_ptr(), t.data_ptr(),
+                                      static_cast<std::size_t>(t.numel()), *d, ReduceOp::sum);
+    if (r != Result::ok) std::rethrow_exception(error_of(r, "raw allreduce"));
+  }
+
   py::dict info() const {
     py::dict d;
     d["offloaded"] = static_cast<bool>(comm_);
@@ -668,6 +680,13 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("group"), py::arg("tensor"), py::arg("format"), py::arg("average") = true,
       py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "raw_allreduce",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, at::Tensor t) {
+        as_treeduce(pg)->raw_allreduce(std::move(t));
+      },
+      "libtreeduce's blocking allreduce (SUM) in place, without the backend's Work (benchmarks)",
+      py::arg("group"), py::arg("tensor"), py::call_guard<py::gil_scoped_release>());
   m.def(
       "fp8_round",
       [](at::Tensor t, const std::string& f) {
