@@ -171,7 +171,12 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
                    rank, reason_.c_str());
       return;
     }
-    join(store, timeout);
+    try {
+      join(store, timeout);
+    } catch (...) {
+      --groups_in_process;
+      throw;
+    }
     thread_ = std::thread([this] { complete_loop(); });
   }
 
@@ -182,9 +187,19 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
         stop_ = true;
       }
       cv_.notify_all();
-      thread_.join();
+      // The last reference may go from Python (destroy_process_group): a future's Python
+      // callback on the completion thread needs the GIL to finish.
+      if (Py_IsInitialized() && PyGILState_Check()) {
+        py::gil_scoped_release unlocked;
+        thread_.join();
+      } else {
+        thread_.join();
+      }
     }
-    comm_.reset();
+    if (comm_) {
+      comm_.reset();  // leaves the job: a later group of this process may join another
+      --groups_in_process;
+    }
   }
 
   const std::string getBackendName() const override { return "treeduce"; }
