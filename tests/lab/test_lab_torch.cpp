@@ -189,6 +189,32 @@ TEST_F(LabTorch, DeterministicTreeTrainsBitIdenticallyTwice) {
   EXPECT_EQ(sha[0], sha[1]);
 }
 
+// On a Quantum-2-like leaf, which does not reduce FP8, the FP8 hook's sums run on the host path,
+// said on every call with the switch model, and the training is still the switch's arithmetic
+// (bit-identical to the hook on Gloo); everything else stays in the network.
+TEST_F(LabTorch, Fp8OnASwitchWithoutFp8GoesToTheHostsLoudlyAndExactly) {
+  const std::string q2 = name_ + "q";
+  const Outcome up = lab({"up", source("tests/lab/torch-quantum2.yaml"), "--name", q2});
+  ASSERT_EQ(up.status, 0) << up.out;
+  const Outcome r = lab({"run", "--name", q2, "--", "env", "GLOO_SOCKET_IFNAME=mgmt0",
+                         "PYTHONPATH=" + python_path(), "/usr/bin/python3", "-W", "ignore",
+                         source("tests/python/check_ddp.py"), "fp8", "4"});
+  lab({"down", "--name", q2});
+  EXPECT_EQ(r.status, 0) << r.out;
+  const nlohmann::json s = summary(r.out);
+  ASSERT_TRUE(s.is_object()) << r.out;
+  EXPECT_EQ(s["max_diff"].get<double>(), 0.0) << r.out;
+  EXPECT_EQ(s["path"], "network") << r.out;
+  for (const char* h : {"h0", "h1"}) {
+    EXPECT_TRUE(std::regex_search(
+        r.out,
+        std::regex(
+            std::string(R"(\[)") + h +
+            R"(\] treeduce: warning: rank \d: allreduce of \d+ e4m3 sum on the host path: switch 'leaf0' \(profile quantum2\) does not reduce e4m3 sum)")))
+        << r.out;
+  }
+}
+
 // A rank SIGKILLs itself at step 3. The ranks run under `lab exec` with the variables `lab run`
 // gives (`lab run` would stop the others at once, as torchrun does), so that each survivor shows
 // what it gets: an error from its collective, and an exit of its own. On the network path a
