@@ -23,6 +23,8 @@ TREEDUCE_PACKAGES=(
   # allreduce baselines next to treeduce (Open MPI's MPI_Allreduce over TCP), their plot, and
   # ethtool for the benchmark fabric's veth offloads
   libopenmpi-dev openmpi-bin gnuplot-nox ethtool
+  # the Python package treeduce and its torch.distributed backend (python/, docs/pytorch.md)
+  python3-torch libtorch-dev pybind11-dev
   # the Wireshark dissector's test (tshark reads captures with lab/wireshark/treeduce.lua)
   tshark
 )
