@@ -79,6 +79,7 @@ constexpr int kPortSlots = 16;
 struct Global {
   bool active = false;  // MPI_Init went through us and the interposer is set up
   Config cfg;
+  std::string off_reason = "TREEDUCE_MPI=off";  // why every call passes through, in mode off
   int keyval = MPI_KEYVAL_INVALID;
   int world_rank = 0;
   std::string job_base;
@@ -263,7 +264,7 @@ std::optional<std::string> decide(CommState* s, MPI_Comm comm, MPI_Datatype dtyp
                                   int count, bool reduction, tdr_dtype_t* d, tdr_op_t* o,
                                   std::uint64_t* bytes) {
   const Config& cfg = g().cfg;
-  if (cfg.mode == Mode::off) return std::string("TREEDUCE_MPI=off");
+  if (cfg.mode == Mode::off) return g().off_reason;
   if (s->inter) return std::string("an intercommunicator");
   if (s->state == JoinState::passthrough) return s->why_passthrough;
   if (count < 0) return std::string("a negative count");
@@ -490,6 +491,7 @@ void setup() {
       },
       &error);
   if (!error.empty()) {
+    gl.off_reason = "a TREEDUCE_MPI variable is malformed (MPI_Init said which)";
     std::fprintf(stderr,
                  "treeduce-mpi: error: rank %d: %s Every rank passes its collectives through to "
                  "MPI.\n",
@@ -501,21 +503,27 @@ void setup() {
     if (v > 0 && v + 64 * kPortSlots <= 65535) gl.port_base = static_cast<std::uint32_t>(v);
   }
   // Every rank must take the same decisions: the same mode and thresholds everywhere.
-  long long mine[4] = {
+  // A malformed variable has been said by its rank; a mere difference is said by rank 0.
+  long long mine[5] = {
       static_cast<long long>(gl.cfg.mode), gl.cfg.min_ranks,
       static_cast<long long>(gl.cfg.min_bytes),
-      static_cast<long long>(gl.cfg.max_bytes == UINT64_MAX ? -1 : gl.cfg.max_bytes)};
-  long long lo[4], hi[4];
-  PMPI_Allreduce(mine, lo, 4, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  PMPI_Allreduce(mine, hi, 4, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+      static_cast<long long>(gl.cfg.max_bytes == UINT64_MAX ? -1 : gl.cfg.max_bytes),
+      error.empty() ? 0 : 1};
+  long long lo[5], hi[5];
+  PMPI_Allreduce(mine, lo, 5, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  PMPI_Allreduce(mine, hi, 5, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
   if (std::memcmp(lo, hi, sizeof lo) != 0) {
-    if (gl.world_rank == 0 && error.empty()) {
+    if (gl.world_rank == 0 && hi[4] == 0) {
       std::fprintf(stderr,
                    "treeduce-mpi: error: TREEDUCE_MPI, TREEDUCE_MPI_MIN_RANKS, "
                    "TREEDUCE_MPI_MIN_BYTES or TREEDUCE_MPI_MAX_BYTES differ between ranks; every "
                    "rank passes its collectives through to MPI.\n");
     }
     gl.cfg.mode = Mode::off;
+    if (error.empty()) {
+      gl.off_reason = hi[4] != 0 ? "a TREEDUCE_MPI variable is malformed on another rank"
+                                 : "the TREEDUCE_MPI variables differ between ranks";
+    }
   }
   PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_attr, &gl.keyval, nullptr);
   gl.active = true;
