@@ -23,6 +23,8 @@ TREEDUCE_PACKAGES=(
   # allreduce baselines next to treeduce (Open MPI's MPI_Allreduce over TCP), their plot, and
   # ethtool for the benchmark fabric's veth offloads
   libopenmpi-dev openmpi-bin gnuplot-nox ethtool
+  # libtreeduce-mpi's lab test runs an mpi4py script (docs/mpi.md)
+  python3-mpi4py
   # the Wireshark dissector's test (tshark reads captures with lab/wireshark/treeduce.lua)
   tshark
 )

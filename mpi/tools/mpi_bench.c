@@ -6,8 +6,11 @@
  * are small integers in binary32, whose sums are exact in any order.
  *
  *   treeduce-mpi-bench [-b MIN_BYTES] [-e MAX_BYTES] [-f FACTOR] [-i ITERS] [-w WARMUP] [-p]
+ *                      [-s]
  *
- * -p: in place (MPI_IN_PLACE). The exit status is 1 when a result was wrong.
+ * -p: in place (MPI_IN_PLACE). -s: on MPI_COMM_SELF, each rank alone, where Open MPI's
+ * allreduce is a copy: what a call passed through costs beyond plain Open MPI stands out there.
+ * The exit status is 1 when a result was wrong.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -38,8 +41,8 @@ static long parse(const char* s, const char* what) {
 
 int main(int argc, char** argv) {
   long min_bytes = 4, max_bytes = 1L << 20, factor = 2, iters = 100, warmup = 10;
-  int in_place = 0, opt;
-  while ((opt = getopt(argc, argv, "b:e:f:i:w:p")) != -1) {
+  int in_place = 0, self = 0, opt;
+  while ((opt = getopt(argc, argv, "b:e:f:i:w:ps")) != -1) {
     switch (opt) {
       case 'b':
         min_bytes = parse(optarg, "-b");
@@ -59,10 +62,13 @@ int main(int argc, char** argv) {
       case 'p':
         in_place = 1;
         break;
+      case 's':
+        self = 1;
+        break;
       default:
         fprintf(stderr,
                 "usage: treeduce-mpi-bench [-b MIN] [-e MAX] [-f FACTOR] [-i ITERS] "
-                "[-w WARMUP] [-p]\n");
+                "[-w WARMUP] [-p] [-s]\n");
         return 2;
     }
   }
@@ -74,6 +80,8 @@ int main(int argc, char** argv) {
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const MPI_Comm comm = self ? MPI_COMM_SELF : MPI_COMM_WORLD;
+  const int csize = self ? 1 : size;
   /* libtreeduce-mpi defines tdr_* through libtreeduce: present only when it is loaded. */
   const int interposed = dlsym(RTLD_DEFAULT, "tdr_comm_create") != NULL;
   const size_t max_count = (size_t)max_bytes / sizeof(float) + 1;
@@ -102,15 +110,15 @@ int main(int argc, char** argv) {
       if (in_place) {
         memcpy(recv, send, count * sizeof(float));
       }
-      MPI_Barrier(MPI_COMM_WORLD);
+      if (!self) MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       MPI_Allreduce(in_place ? MPI_IN_PLACE : send, out, (int)count, MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
+                    comm);
       const double t1 = MPI_Wtime();
       if (it >= warmup) elapsed += t1 - t0;
       for (size_t i = 0; i < count; ++i) {
         long want = 0;
-        for (int r = 0; r < size; ++r) want += (r + (int)i + (int)it) % 7;
+        for (int r = 0; r < csize; ++r) want += ((self ? rank : r) + (int)i + (int)it) % 7;
         if (out[i] != (float)want) ++wrong;
       }
     }
