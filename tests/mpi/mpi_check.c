@@ -7,8 +7,9 @@
  *
  *   mpi_check                 every case once; prints "mpi_check: rank R: N checks, W wrong,
  *                             digest D" and exits 1 when W > 0
- *   mpi_check --hold FILE N   also N more rounds of 256 KiB allreduces, stopping after the
- *                             tenth (rank 0 prints "mpi_check: held" and waits for FILE)
+ *   mpi_check --hold FILE N   only N rounds of 256 KiB allreduces (MPI_Iallreduce and
+ *                             MPI_Wait in even rounds, MPI_Allreduce in odd ones), stopping
+ *                             after the tenth (rank 0 prints "mpi_check: held", waits for FILE)
  */
 #include <math.h>
 #include <mpi.h>
@@ -137,8 +138,14 @@ static void cases(MPI_Comm comm, const char* tag) {
   {
     enum { n = 2048 };
     static struct { int v, i; } a2[n], o2[n];
-    static struct { float v; int i; } af[n], of[n];
-    static struct { double v; int i; } ad[n], od[n];
+    static struct {
+      float v;
+      int i;
+    } af[n], of[n];
+    static struct {
+      double v;
+      int i;
+    } ad[n], od[n];
     for (size_t i = 0; i < n; ++i) {
       a2[i].v = (int)((i * (size_t)(rank + 3)) % 5);
       a2[i].i = rank;
@@ -303,7 +310,14 @@ int main(int argc, char** argv) {
     static int in[n], out[n];
     for (int k = 0; k < rounds; ++k) {
       for (size_t i = 0; i < n; ++i) in[i] = ival(world_rank + k, i);
-      MPI_Allreduce(in, out, n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+      /* even rounds non-blocking: the first after the switch died is one */
+      if (k % 2 == 0) {
+        MPI_Request req;
+        MPI_Iallreduce(in, out, n, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &req);
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+      } else {
+        MPI_Allreduce(in, out, n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+      }
       for (size_t i = 0; i < n; ++i) {
         long want = 0;
         for (int r = 0; r < size; ++r) want += ival(r + k, i);
