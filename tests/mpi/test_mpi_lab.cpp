@@ -210,6 +210,23 @@ TEST_F(MpiLab, OffAndBadVariablesPassEverythingThrough) {
   EXPECT_TRUE(has(off.out, "MPI_COMM_WORLD (4 ranks): offloaded 0; passed through 25")) << off.out;
   EXPECT_TRUE(has(off.out, "[h0] treeduce-mpi: stats:   MPI_Allreduce 16: TREEDUCE_MPI=off"))
       << off.out;
+  // The thresholds: the halves of the split are too small, the larger messages too large.
+  const Result thr =
+      run(prog, {"TREEDUCE_MPI_STATS=1", "TREEDUCE_MPI_MIN_RANKS=3", "TREEDUCE_MPI_MAX_BYTES=64K"});
+  ASSERT_EQ(thr.status, 0) << thr.out;
+  EXPECT_EQ(digests(thr.out, "mpi_check", 4), digests(off.out, "mpi_check", 4));
+  EXPECT_TRUE(has(thr.out,
+                  "[h0] treeduce-mpi: stats:   MPI_Allreduce 13: 2 ranks, below "
+                  "TREEDUCE_MPI_MIN_RANKS=3"))
+      << thr.out;
+  EXPECT_TRUE(has(thr.out,
+                  "[h0] treeduce-mpi: stats:   MPI_Allreduce 2: 280000 bytes, above "
+                  "TREEDUCE_MPI_MAX_BYTES=65536"))
+      << thr.out;
+  EXPECT_TRUE(has(thr.out,
+                  "[h0] treeduce-mpi: stats:   MPI_Bcast 1: 100000 bytes, above "
+                  "TREEDUCE_MPI_MAX_BYTES=65536"))
+      << thr.out;
   // A bad value: one sentence from the rank that has it, and every rank passes through.
   const Result bad = run({"sh", "-c",
                           "if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then export "
