@@ -68,6 +68,7 @@ struct CommState {
   MPI_Comm shadow = MPI_COMM_NULL;  // a duplicate for agreements and redos
   int port_slot = -1;
   std::string job;
+  bool had_job = false;            // joined its job at some point (the counters name it)
   bool offloads[17][12] = {};      // tdr_offloads() at join, so that decisions never change later
   std::deque<PendingOp*> pending;  // offloaded Iallreduces in start order
   Counters counters;
@@ -85,6 +86,9 @@ struct Global {
   std::string job_base;
   std::uint32_t port_base = 29000;
   int join_counter = 0;
+  // Set when a join could not reach the manager or the network: later communicators do not wait
+  // for their join timeout again (every rank of them agrees before anyone tries).
+  std::string join_broken;
   int comm_counter = 0;
   bool port_used[kPortSlots] = {};
   std::vector<std::unique_ptr<CommState>> states;  // every communicator's, for the counters
@@ -212,6 +216,11 @@ void join(CommState* s, MPI_Comm comm) {
                 " communicators in treeduce jobs (free one)";
   } else if (g().job_base.empty()) {
     local_why = "TREEDUCE_JOB is not set (it names the job every communicator's job derives from)";
+  } else if (!g().join_broken.empty()) {
+    local_why =
+        "an earlier communicator's join failed here, so this one does not wait for its "
+        "join timeout: " +
+        g().join_broken;
   }
   // The job name: rank 0's, from its world rank and its own counter, so that every job is new.
   long long name[2] = {g().world_rank, 0};
@@ -227,6 +236,7 @@ void join(CommState* s, MPI_Comm comm) {
     if (r != tdr_ok) {
       local_why =
           std::string("joining treeduce job '") + s->job + "' failed: " + tdr_last_error(nullptr);
+      if (r == tdr_unavailable || r == tdr_timeout) g().join_broken = local_why;
     } else if (tdr_path(s->tdr) != tdr_path_network) {
       local_why = std::string("treeduce job '") + s->job +
                   "' has no network path: " + tdr_path_reason(s->tdr);
@@ -251,6 +261,7 @@ void join(CommState* s, MPI_Comm comm) {
     }
   }
   s->state = JoinState::joined;
+  s->had_job = true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -266,6 +277,7 @@ std::optional<std::string> decide(CommState* s, MPI_Comm comm, MPI_Datatype dtyp
   const Config& cfg = g().cfg;
   if (cfg.mode == Mode::off) return g().off_reason;
   if (s->inter) return std::string("an intercommunicator");
+  if (s->size < 2) return std::string("a communicator of one rank");
   if (s->state == JoinState::passthrough) return s->why_passthrough;
   if (count < 0) return std::string("a negative count");
   *bytes = 0;
@@ -462,8 +474,9 @@ void print_stats() {
     for (const auto& [k, v] : s->counters.passed) passed += v;
     if (off == 0 && passed == 0) continue;
     std::string head = "treeduce-mpi: stats: " + s->label + " (" + std::to_string(s->size) +
-                       " ranks" + (s->job.empty() ? "" : ", treeduce job '" + s->job + "'") +
-                       "): offloaded " + std::to_string(off);
+                       (s->size == 1 ? " rank" : " ranks") +
+                       (s->had_job ? ", treeduce job '" + s->job + "'" : "") + "): offloaded " +
+                       std::to_string(off);
     std::string sep = " (";
     for (const auto& [k, v] : s->counters.offloaded) {
       head += sep + k + " " + std::to_string(v);
