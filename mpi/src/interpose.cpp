@@ -247,6 +247,11 @@ void join(CommState* s, MPI_Comm comm) {
   if (ok == 0) {
     if (s->tdr != nullptr) tdr_comm_destroy(s->tdr);
     s->tdr = nullptr;
+    if (s->port_slot >= 0) {  // the port goes back at once: this communicator never uses it
+      std::lock_guard lk(g().mu);
+      g().port_used[s->port_slot] = false;
+      s->port_slot = -1;
+    }
     go_passthrough(s,
                    local_why.empty() ? "another rank could not join its treeduce job '" + s->job +
                                            "' (its warning says why)"
