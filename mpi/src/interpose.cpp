@@ -9,6 +9,7 @@
 // and every offloaded operation's outcome are agreed with a PMPI_Allreduce (MIN of an ok flag) on
 // a private duplicate of the communicator, so that a failure on one rank makes every rank redo
 // the operation through PMPI from the same inputs and pass the communicator through from then on.
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,11 +86,11 @@ struct Global {
   int world_rank = 0;
   std::string job_base;
   std::uint32_t port_base = 29000;
-  int join_counter = 0;
+  std::atomic<int> join_counter{0};
   // Set when a join could not reach the manager or the network: later communicators do not wait
   // for their join timeout again (every rank of them agrees before anyone tries).
-  std::string join_broken;
-  int comm_counter = 0;
+  std::string join_broken;  // under mu
+  std::atomic<int> comm_counter{0};
   bool port_used[kPortSlots] = {};
   std::vector<std::unique_ptr<CommState>> states;  // every communicator's, for the counters
   std::unordered_map<MPI_Request, PendingOp*> requests;
@@ -193,6 +194,11 @@ tdr_result_t create_tdr(const CommState* s, std::uint16_t port, tdr_comm_t** out
   return r;
 }
 
+std::string broken_join() {
+  std::lock_guard lk(g().mu);
+  return g().join_broken;
+}
+
 // Joins the communicator's own treeduce job: collective, at its first offloadable call, which
 // every rank reaches alike. Any rank's failure passes the communicator through on every rank.
 void join(CommState* s, MPI_Comm comm) {
@@ -216,11 +222,11 @@ void join(CommState* s, MPI_Comm comm) {
                 " communicators in treeduce jobs (free one)";
   } else if (g().job_base.empty()) {
     local_why = "TREEDUCE_JOB is not set (it names the job every communicator's job derives from)";
-  } else if (!g().join_broken.empty()) {
+  } else if (std::string broken = broken_join(); !broken.empty()) {
     local_why =
         "an earlier communicator's join failed here, so this one does not wait for its "
         "join timeout: " +
-        g().join_broken;
+        broken;
   }
   // The job name: rank 0's, from its world rank and its own counter, so that every job is new.
   long long name[2] = {g().world_rank, 0};
@@ -236,7 +242,10 @@ void join(CommState* s, MPI_Comm comm) {
     if (r != tdr_ok) {
       local_why =
           std::string("joining treeduce job '") + s->job + "' failed: " + tdr_last_error(nullptr);
-      if (r == tdr_unavailable || r == tdr_timeout) g().join_broken = local_why;
+      if (r == tdr_unavailable || r == tdr_timeout) {
+        std::lock_guard lk(g().mu);
+        g().join_broken = local_why;
+      }
     } else if (tdr_path(s->tdr) != tdr_path_network) {
       local_why = std::string("treeduce job '") + s->job +
                   "' has no network path: " + tdr_path_reason(s->tdr);
