@@ -10,6 +10,8 @@
 // a private duplicate of the communicator, so that a failure on one rank makes every rank redo
 // the operation through PMPI from the same inputs and pass the communicator through from then on.
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,7 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -37,16 +39,18 @@ struct Counters {
 
 struct CommState;
 
-// An offloaded MPI_Iallreduce: a generalized request the interposed Wait/Test family completes.
+// An offloaded MPI_Iallreduce: a generalized request that the interposer's progress thread
+// completes once its in-network operation and every rank's agreement on it are done (and, after a
+// failure, its redo through PMPI).
 struct PendingOp {
+  enum class Stage : std::uint8_t { running, agreeing, redoing };
   CommState* comm = nullptr;
   MPI_Request greq = MPI_REQUEST_NULL;
   tdr_request_t req = 0;
-  bool tdr_running = false;  // tdr_iallreduce started and not yet tested to its end
-  int ok = 0;                // this rank's outcome, then (agreed) every rank's
-  MPI_Request agree = MPI_REQUEST_NULL;
-  bool agreeing = false;
-  bool completed = false;  // MPI_Grequest_complete called
+  Stage stage = Stage::running;
+  bool started = false;  // tdr_iallreduce started (else it failed at once: agree on the failure)
+  int ok = 0;            // this rank's outcome, then (agreed) every rank's
+  MPI_Request mpi_req = MPI_REQUEST_NULL;  // the agreement's, then the redo's
   // For a redo through PMPI: the inputs (a copy when in place: results overwrite them).
   const void* send = nullptr;
   void* recv = nullptr;
@@ -71,7 +75,10 @@ struct CommState {
   std::string job;
   bool had_job = false;            // joined its job at some point (the counters name it)
   bool offloads[17][12] = {};      // tdr_offloads() at join, so that decisions never change later
-  std::deque<PendingOp*> pending;  // offloaded Iallreduces in start order
+  std::deque<PendingOp*> pending;  // offloaded Iallreduces in start order (under Global::mu)
+  // The progress thread's news of a failed MPI_Iallreduce (under Global::mu): it becomes the
+  // communicator's pass-through at the next drain, where every rank knows the same agreements.
+  std::string failed;
   Counters counters;
   bool finished = false;  // left its job (freed, or MPI_Finalize)
 };
@@ -93,8 +100,11 @@ struct Global {
   std::atomic<int> comm_counter{0};
   bool port_used[kPortSlots] = {};
   std::vector<std::unique_ptr<CommState>> states;  // every communicator's, for the counters
-  std::unordered_map<MPI_Request, PendingOp*> requests;
-  std::mutex mu;  // requests and states, for programs that call MPI from several threads
+  std::mutex mu;                                   // states, ports, pending operations, counters
+  std::condition_variable cv;    // an operation was queued (the thread) or completed (drains)
+  bool thread_multiple = false;  // MPI provides MPI_THREAD_MULTIPLE: the progress thread may run
+  std::thread progress;
+  bool stopping = false;  // under mu
 };
 
 Global& g() {
@@ -338,6 +348,7 @@ std::optional<std::string> decide(CommState* s, MPI_Comm comm, MPI_Datatype dtyp
 }
 
 void count_passed(CommState* s, const char* what, const std::string& why) {
+  std::lock_guard lk(g().mu);  // the progress thread counts too
   ++s->counters.passed[{what, why}];
 }
 
@@ -347,6 +358,7 @@ bool agree(CommState* s, tdr_result_t r, const char* what) {
   int ok = r == tdr_ok ? 1 : 0;
   PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s->shadow);
   if (ok != 0) {
+    std::lock_guard lk(g().mu);
     ++s->counters.offloaded[what];
     return true;
   }
@@ -361,7 +373,11 @@ bool agree(CommState* s, tdr_result_t r, const char* what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Offloaded MPI_Iallreduce: progress in start order, one agreement each, on every rank alike.
+// Offloaded MPI_Iallreduce: a thread of the interposer's own moves every communicator's pending
+// operations on in start order (tdr_test, then a PMPI_Iallreduce of the outcome on the
+// communicator's duplicate, then, after a failure, a PMPI_Iallreduce of the data), never blocking,
+// so that a request completes once every rank started it, whatever the ranks' threads do
+// meanwhile, as an Open MPI request would. It needs MPI_THREAD_MULTIPLE, which MPI_Init asks for.
 
 int query_fn(void*, MPI_Status* status) {
   PMPI_Status_set_elements(status, MPI_BYTE, 0);
@@ -372,98 +388,111 @@ int query_fn(void*, MPI_Status* status) {
 }
 
 int free_fn(void* extra) {
-  auto* p = static_cast<PendingOp*>(extra);
-  {
-    std::lock_guard lk(g().mu);
-    g().requests.erase(p->greq);
-  }
-  delete p;
+  delete static_cast<PendingOp*>(extra);
   return MPI_SUCCESS;
 }
 
 int cancel_fn(void*, int) { return MPI_SUCCESS; }  // an in-network operation cannot be cancelled
 
-void redo_allreduce(PendingOp* p) {
-  if (!p->saved.empty() || p->send == MPI_IN_PLACE) {
-    std::memcpy(p->recv, p->saved.data(), p->saved.size());
-    PMPI_Allreduce(MPI_IN_PLACE, p->recv, p->count, p->dtype, p->op, p->comm->shadow);
-  } else {
-    PMPI_Allreduce(p->send, p->recv, p->count, p->dtype, p->op, p->comm->shadow);
-  }
-}
-
-// Moves the communicator's oldest pending operations on; with `block`, until `until` completed
-// (or all, when it is null). Returns whether `until` is completed.
-bool progress(CommState* s, bool block, const PendingOp* until) {
-  while (!s->pending.empty()) {
-    PendingOp* p = s->pending.front();
-    if (p->tdr_running) {
-      const tdr_result_t r = block ? tdr_wait(s->tdr, p->req) : tdr_test(s->tdr, p->req);
+// One step of `p`, the oldest pending operation of its communicator: true when it is done.
+bool step(PendingOp* p) {
+  CommState* s = p->comm;
+  if (p->stage == PendingOp::Stage::running) {
+    if (p->started) {
+      const tdr_result_t r = tdr_test(s->tdr, p->req);
       if (r == tdr_in_progress) return false;
-      p->tdr_running = false;
       p->ok = r == tdr_ok ? 1 : 0;
       if (r != tdr_ok) {
         warn(s, std::string("MPI_Iallreduce failed on the network path here: ") +
                     tdr_result_string(r) + ": " + tdr_last_error(s->tdr));
       }
     }
-    if (!p->agreeing) {
-      PMPI_Iallreduce(MPI_IN_PLACE, &p->ok, 1, MPI_INT, MPI_MIN, s->shadow, &p->agree);
-      p->agreeing = true;
-    }
-    int flag = 0;
-    if (block) {
-      PMPI_Wait(&p->agree, MPI_STATUS_IGNORE);
-      flag = 1;
-    } else {
-      PMPI_Test(&p->agree, &flag, MPI_STATUS_IGNORE);
-    }
-    if (flag == 0) return false;
-    if (p->ok != 0) {
-      ++s->counters.offloaded["MPI_Iallreduce"];
-    } else {
-      if (s->state != JoinState::passthrough) {
-        go_passthrough(s, "the network path failed in MPI_Iallreduce on a rank; redone through MPI",
-                       true);
-      }
-      count_passed(s, "MPI_Iallreduce", "the network path failed; redone through MPI");
-      redo_allreduce(p);
-    }
-    s->pending.pop_front();
-    p->completed = true;
-    PMPI_Grequest_complete(p->greq);  // may free p once the user's request is gone: last
-    if (p == until) return true;
+    PMPI_Iallreduce(MPI_IN_PLACE, &p->ok, 1, MPI_INT, MPI_MIN, s->shadow, &p->mpi_req);
+    p->stage = PendingOp::Stage::agreeing;
   }
-  return until == nullptr;
-}
-
-void drain(CommState* s) {
-  if (!s->pending.empty()) progress(s, true, nullptr);
-}
-
-PendingOp* ours(MPI_Request r) {
-  if (r == MPI_REQUEST_NULL) return nullptr;
+  int flag = 0;
+  PMPI_Test(&p->mpi_req, &flag, MPI_STATUS_IGNORE);
+  if (flag == 0) return false;
+  if (p->stage == PendingOp::Stage::redoing) return true;
   std::lock_guard lk(g().mu);
-  if (g().requests.empty()) return nullptr;
-  auto it = g().requests.find(r);
-  return it == g().requests.end() ? nullptr : it->second;
-}
-
-bool any_ours(int n, const MPI_Request* reqs) {
-  {
-    std::lock_guard lk(g().mu);
-    if (g().requests.empty()) return false;
+  if (p->ok != 0) {
+    ++s->counters.offloaded["MPI_Iallreduce"];
+    return true;
   }
-  for (int i = 0; i < n; ++i) {
-    if (ours(reqs[i]) != nullptr) return true;
+  ++s->counters.passed[{"MPI_Iallreduce", "the network path failed; redone through MPI"}];
+  if (s->failed.empty()) s->failed = "the network path failed in MPI_Iallreduce on a rank";
+  // Every rank redoes it from the same inputs, in the same place of the duplicate's sequence.
+  if (!p->saved.empty()) {
+    std::memcpy(p->recv, p->saved.data(), p->saved.size());
+    PMPI_Iallreduce(MPI_IN_PLACE, p->recv, p->count, p->dtype, p->op, s->shadow, &p->mpi_req);
+  } else {
+    PMPI_Iallreduce(p->send, p->recv, p->count, p->dtype, p->op, s->shadow, &p->mpi_req);
   }
+  p->stage = PendingOp::Stage::redoing;
   return false;
 }
 
-void progress_all(int n, const MPI_Request* reqs) {
-  for (int i = 0; i < n; ++i) {
-    if (PendingOp* p = ours(reqs[i]); p != nullptr && !p->completed) progress(p->comm, false, p);
+void progress_loop() {
+  Global& gl = g();
+  std::vector<PendingOp*> fronts;
+  for (;;) {
+    fronts.clear();
+    {
+      std::unique_lock lk(gl.mu);
+      gl.cv.wait(lk, [&] {
+        if (gl.stopping) return true;
+        for (const auto& st : gl.states) {
+          if (!st->pending.empty()) return true;
+        }
+        return false;
+      });
+      for (const auto& st : gl.states) {
+        if (!st->pending.empty()) fronts.push_back(st->pending.front());
+      }
+      if (fronts.empty()) return;  // stopping, and nothing is pending
+    }
+    bool moved = false;
+    for (PendingOp* p : fronts) {
+      if (!step(p)) continue;
+      moved = true;
+      {
+        std::lock_guard lk(gl.mu);
+        p->comm->pending.pop_front();
+      }
+      gl.cv.notify_all();
+      PMPI_Grequest_complete(p->greq);  // p is the user's request's now: not touched again
+    }
+    // Nothing finished: the network or the other ranks are not there yet. A short sleep keeps
+    // this thread off the CPUs the ranks and a software switch share.
+    if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
+}
+
+// Waits until the communicator's pending operations completed (every rank waits for the same
+// ones: those started before this call), then makes a failure among them its pass-through.
+void drain(CommState* s) {
+  std::unique_lock lk(g().mu);
+  if (s->pending.empty() && s->failed.empty()) return;
+  g().cv.wait(lk, [&] { return s->pending.empty(); });
+  if (!s->failed.empty() && s->state == JoinState::joined) {
+    const std::string why = s->failed + "; redone through MPI";
+    lk.unlock();
+    go_passthrough(s, why, true);
+  }
+}
+
+void start_progress_thread() {
+  std::lock_guard lk(g().mu);
+  if (!g().progress.joinable()) g().progress = std::thread(progress_loop);
+}
+
+void stop_progress_thread() {
+  {
+    std::lock_guard lk(g().mu);
+    g().stopping = true;
+  }
+  g().cv.notify_all();
+  if (g().progress.joinable()) g().progress.join();
 }
 
 void leave(CommState* s) {
@@ -506,9 +535,15 @@ void print_stats() {
   }
 }
 
+bool wants_progress_thread() {
+  const char* v = std::getenv("TREEDUCE_MPI");
+  return v == nullptr || std::strcmp(v, "off") != 0;
+}
+
 // Sets the interposer up once MPI runs: the variables, agreed by every rank of MPI_COMM_WORLD.
-void setup() {
+void setup(int thread_level) {
   Global& gl = g();
+  gl.thread_multiple = thread_level == MPI_THREAD_MULTIPLE;
   PMPI_Comm_rank(MPI_COMM_WORLD, &gl.world_rank);
   std::string error;
   gl.cfg = parse_config(
@@ -567,15 +602,27 @@ using namespace treeduce::mpi;
 #pragma GCC visibility push(default)
 extern "C" {
 
+// MPI_THREAD_MULTIPLE is asked for whenever offloading may happen: the progress thread that
+// completes offloaded MPI_Iallreduce requests calls PMPI. The caller is told the level it asked
+// for (or less, if that is all MPI gives).
 int MPI_Init(int* argc, char*** argv) {
-  const int rc = PMPI_Init(argc, argv);
-  if (rc == MPI_SUCCESS) setup();
+  if (!wants_progress_thread()) {
+    const int rc = PMPI_Init(argc, argv);
+    if (rc == MPI_SUCCESS) setup(MPI_THREAD_SINGLE);
+    return rc;
+  }
+  int provided = MPI_THREAD_SINGLE;
+  const int rc = PMPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  if (rc == MPI_SUCCESS) setup(provided);
   return rc;
 }
 
 int MPI_Init_thread(int* argc, char*** argv, int required, int* provided) {
-  const int rc = PMPI_Init_thread(argc, argv, required, provided);
-  if (rc == MPI_SUCCESS) setup();
+  const int ask = wants_progress_thread() ? MPI_THREAD_MULTIPLE : required;
+  int got = MPI_THREAD_SINGLE;
+  const int rc = PMPI_Init_thread(argc, argv, ask, &got);
+  if (rc == MPI_SUCCESS) setup(got);
+  if (provided != nullptr) *provided = got < required ? got : required;
   return rc;
 }
 
@@ -586,6 +633,8 @@ int MPI_Finalize(void) {
       std::lock_guard lk(g().mu);
       for (const auto& s : g().states) live.push_back(s.get());
     }
+    for (CommState* s : live) drain(s);
+    stop_progress_thread();
     for (CommState* s : live) leave(s);
     if (g().cfg.stats) print_stats();
     g().active = false;
@@ -744,9 +793,13 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   tdr_dtype_t d{};
   tdr_op_t o{};
   std::uint64_t bytes = 0;
-  // Joining is collective and blocking: it happens before anything is pending on the
-  // communicator, as the first offloadable call of every rank.
-  if (auto why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes)) {
+  std::optional<std::string> why;
+  if (!g().thread_multiple) {
+    why = "MPI gave no MPI_THREAD_MULTIPLE, which the interposer's progress thread needs";
+  } else {
+    why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes);
+  }
+  if (why) {
     count_passed(s, "MPI_Iallreduce", *why);
     return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
   }
@@ -764,7 +817,7 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   }
   const tdr_result_t r = tdr_iallreduce(s->tdr, in_place ? recvbuf : sendbuf, recvbuf,
                                         static_cast<std::size_t>(count), d, o, &p->req);
-  p->tdr_running = r == tdr_ok;
+  p->started = r == tdr_ok;
   p->ok = 0;
   if (r != tdr_ok) {
     warn(s, std::string("MPI_Iallreduce could not start on the network path here: ") +
@@ -772,82 +825,18 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   }
   const int rc = PMPI_Grequest_start(query_fn, free_fn, cancel_fn, p, request);
   if (rc != MPI_SUCCESS) {
-    if (p->tdr_running) tdr_wait(s->tdr, p->req);
+    if (p->started) tdr_wait(s->tdr, p->req);
     delete p;
     return rc;
   }
   p->greq = *request;
+  start_progress_thread();
   {
     std::lock_guard lk(g().mu);
-    g().requests[*request] = p;
+    s->pending.push_back(p);
   }
-  s->pending.push_back(p);
+  g().cv.notify_all();
   return MPI_SUCCESS;
-}
-
-int MPI_Wait(MPI_Request* request, MPI_Status* status) {
-  if (PendingOp* p = request != nullptr ? ours(*request) : nullptr; p != nullptr && !p->completed) {
-    progress(p->comm, true, p);
-  }
-  return PMPI_Wait(request, status);
-}
-
-int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
-  if (PendingOp* p = request != nullptr ? ours(*request) : nullptr; p != nullptr && !p->completed) {
-    progress(p->comm, false, p);
-  }
-  return PMPI_Test(request, flag, status);
-}
-
-int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
-  if (any_ours(count, requests)) {
-    for (int i = 0; i < count; ++i) {
-      if (PendingOp* p = ours(requests[i]); p != nullptr && !p->completed) {
-        progress(p->comm, true, p);
-      }
-    }
-  }
-  return PMPI_Waitall(count, requests, statuses);
-}
-
-int MPI_Testall(int count, MPI_Request requests[], int* flag, MPI_Status statuses[]) {
-  if (any_ours(count, requests)) progress_all(count, requests);
-  return PMPI_Testall(count, requests, flag, statuses);
-}
-
-int MPI_Testany(int count, MPI_Request requests[], int* index, int* flag, MPI_Status* status) {
-  if (any_ours(count, requests)) progress_all(count, requests);
-  return PMPI_Testany(count, requests, index, flag, status);
-}
-
-int MPI_Testsome(int incount, MPI_Request requests[], int* outcount, int indices[],
-                 MPI_Status statuses[]) {
-  if (any_ours(incount, requests)) progress_all(incount, requests);
-  return PMPI_Testsome(incount, requests, outcount, indices, statuses);
-}
-
-// The blocking "any" and "some" forms poll while one of ours is among the requests: an
-// offloaded operation completes only when it is progressed here.
-int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Status* status) {
-  if (!any_ours(count, requests)) return PMPI_Waitany(count, requests, index, status);
-  for (;;) {
-    progress_all(count, requests);
-    int flag = 0;
-    const int rc = PMPI_Testany(count, requests, index, &flag, status);
-    if (rc != MPI_SUCCESS || flag != 0) return rc;
-  }
-}
-
-int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices[],
-                 MPI_Status statuses[]) {
-  if (!any_ours(incount, requests)) {
-    return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
-  }
-  for (;;) {
-    progress_all(incount, requests);
-    const int rc = PMPI_Testsome(incount, requests, outcount, indices, statuses);
-    if (rc != MPI_SUCCESS || *outcount != 0) return rc;
-  }
 }
 
 }  // extern "C"

@@ -254,6 +254,38 @@ static void cases(MPI_Comm comm, const char* tag) {
   }
 }
 
+/* An MPI_Iallreduce on MPI_COMM_WORLD overlapped with a blocking MPI_Allreduce on another
+ * communicator, waited for before it on odd ranks and after it on even ones: valid MPI, which
+ * completes whatever the order (the request needs only every rank to have started it). */
+static void overlapped(void) {
+  int size;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm other;
+  MPI_Comm_dup(MPI_COMM_WORLD, &other);
+  enum { n = 20000 };
+  static int in[n], out[n], in2[n], out2[n];
+  for (size_t i = 0; i < n; ++i) {
+    in[i] = ival(world_rank, i);
+    in2[i] = ival(world_rank + 5, i);
+  }
+  MPI_Request req;
+  MPI_Iallreduce(in, out, n, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &req);
+  if (world_rank % 2 == 1) MPI_Wait(&req, MPI_STATUS_IGNORE);
+  MPI_Allreduce(in2, out2, n, MPI_INT, MPI_SUM, other);
+  if (world_rank % 2 == 0) MPI_Wait(&req, MPI_STATUS_IGNORE);
+  for (size_t i = 0; i < n; ++i) {
+    long want = 0, want2 = 0;
+    for (int r = 0; r < size; ++r) {
+      want += ival(r, i);
+      want2 += ival(r + 5, i);
+    }
+    expect(out[i] == want && out2[i] == want2, "overlapped", i);
+  }
+  mix(out, sizeof out);
+  mix(out2, sizeof out2);
+  MPI_Comm_free(&other);
+}
+
 static void user_sum(void* in, void* inout, int* len, MPI_Datatype* t) {
   (void)t;
   for (int i = 0; i < *len; ++i) ((int*)inout)[i] += ((int*)in)[i];
@@ -341,6 +373,7 @@ int main(int argc, char** argv) {
     cases(dup, "dup");
     MPI_Comm_free(&dup);
     MPI_Comm_free(&half);
+    overlapped();
     passed_through(MPI_COMM_WORLD);
   }
   printf("mpi_check: rank %d: %ld checks, %ld wrong, digest %016llx\n", world_rank, checks, wrong,
