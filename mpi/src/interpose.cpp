@@ -395,11 +395,13 @@ int free_fn(void* extra) {
 int cancel_fn(void*, int) { return MPI_SUCCESS; }  // an in-network operation cannot be cancelled
 
 // One step of `p`, the oldest pending operation of its communicator: true when it is done.
-bool step(PendingOp* p) {
+// `wait`: block in tdr_wait while its in-network operation runs (bounded by libtreeduce's
+// timeouts, and needing nothing more of any rank: every rank started it).
+bool step(PendingOp* p, bool wait) {
   CommState* s = p->comm;
   if (p->stage == PendingOp::Stage::running) {
     if (p->started) {
-      const tdr_result_t r = tdr_test(s->tdr, p->req);
+      const tdr_result_t r = wait ? tdr_wait(s->tdr, p->req) : tdr_test(s->tdr, p->req);
       if (r == tdr_in_progress) return false;
       p->ok = r == tdr_ok ? 1 : 0;
       if (r != tdr_ok) {
@@ -451,9 +453,12 @@ void progress_loop() {
       }
       if (fronts.empty()) return;  // stopping, and nothing is pending
     }
+    // With one operation pending, in the network, the thread sleeps in tdr_wait rather than
+    // polling: ranks, libtreeduce's threads and a software switch may share few CPUs.
+    const bool wait = fronts.size() == 1 && fronts[0]->stage == PendingOp::Stage::running;
     bool moved = false;
     for (PendingOp* p : fronts) {
-      if (!step(p)) continue;
+      if (!step(p, wait)) continue;
       moved = true;
       {
         std::lock_guard lk(gl.mu);
@@ -462,9 +467,9 @@ void progress_loop() {
       gl.cv.notify_all();
       PMPI_Grequest_complete(p->greq);  // p is the user's request's now: not touched again
     }
-    // Nothing finished: the network or the other ranks are not there yet. A short sleep keeps
-    // this thread off the CPUs the ranks and a software switch share.
-    if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    // Nothing finished: an agreement or a redo waits for the other ranks' threads, or several
+    // communicators' operations are in the network. A short sleep keeps this thread off the CPUs.
+    if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
