@@ -25,6 +25,8 @@ TREEDUCE_PACKAGES=(
   libopenmpi-dev openmpi-bin gnuplot-nox ethtool
   # the Python package treeduce and its torch.distributed backend (python/, docs/pytorch.md)
   python3-torch libtorch-dev pybind11-dev
+  # libtreeduce-mpi's lab test runs an mpi4py script (docs/mpi.md)
+  python3-mpi4py
   # the Wireshark dissector's test (tshark reads captures with lab/wireshark/treeduce.lua)
   tshark
 )
