@@ -100,6 +100,27 @@ TEST_F(Install, EverythingInItsPlace) {
       d_.data + "/doc/treeduce/docs/install.md",
   };
   for (const std::string& p : expected) EXPECT_TRUE(fs::exists(in_dest(p))) << p;
+  // The front ends where this build has them (not in a sanitizer build, docs/install.md).
+  if (TREEDUCE_INSTALL_MPI) {
+    for (const std::string& p :
+         {d_.lib + "/libtreeduce-mpi.so", d_.lib + "/pkgconfig/treeduce-mpi.pc",
+          d_.bin + "/treeduce-mpi-bench"})
+      EXPECT_TRUE(fs::exists(in_dest(p))) << p;
+  }
+  std::string site = TREEDUCE_INSTALL_PYSITE;  // meson ends it with a slash
+  while (site.size() > 1 && site.back() == '/') site.pop_back();
+  if (!site.empty()) {
+    EXPECT_TRUE(fs::exists(in_dest(site + "/treeduce/__init__.py"))) << site;
+    EXPECT_TRUE(fs::exists(in_dest(site + "/treeduce/torch/hooks.py"))) << site;
+    EXPECT_TRUE(fs::exists(in_dest(d_.data + "/treeduce/examples/ddp_train.py")));
+    // The installed package imports from the DESTDIR with the DESTDIR's libtreeduce.
+    const Result r = run("cd / && LD_LIBRARY_PATH=" + shq(in_dest(d_.lib)) +
+                         " PYTHONPATH=" + shq(in_dest(site)) +
+                         " /usr/bin/python3 -c 'import treeduce._C as c, treeduce.torch; "
+                         "print(c.__file__)'");
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_TRUE(has(r.out, in_dest(site) + "/treeduce/_C")) << r.out;
+  }
   for (const char* b : {"treeduce", "treeduce-switch", "treeduce-manager", "treeduce-perf"})
     EXPECT_TRUE(access(in_dest(d_.bin + "/" + b).c_str(), X_OK) == 0) << b;
 }
