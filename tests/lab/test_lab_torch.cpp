@@ -25,38 +25,22 @@
 #include <thread>
 #include <vector>
 
+#include "lab_test_util.h"
+
 // GCC 12 at -O3 misreports `"literal" + std::string&&` as an overlapping memcpy (GCC bug 105329).
 #pragma GCC diagnostic ignored "-Wrestrict"
 
 namespace {
 
 namespace fs = std::filesystem;
+using treeduce::labtest::has;
+using treeduce::labtest::read_file;
+using treeduce::labtest::shq;
 
-std::string read_file(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string shq(const std::string& w) {
-  std::string q = "'";
-  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-bool has(const std::string& text, const std::string& what) {
-  return text.find(what) != std::string::npos;
-}
-
-/// Waits until `pred` holds; the bound only turns a hang into a failure.
+/// Waits until `pred` holds (a training run: up to 180 s before it counts as a hang).
 template <typename F>
 bool eventually(F pred) {
-  for (int i = 0; i < 18000; ++i) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
+  return treeduce::labtest::eventually(pred, std::chrono::seconds(180));
 }
 
 int wait_status(pid_t pid) {

@@ -21,37 +21,20 @@
 #include <thread>
 #include <vector>
 
+#include "../lab/lab_test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_file(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string shq(const std::string& w) {
-  std::string q = "'";
-  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-bool has(const std::string& text, const std::string& what) {
-  return text.find(what) != std::string::npos;
-}
+using treeduce::labtest::has;
+using treeduce::labtest::read_file;
+using treeduce::labtest::shq;
+using treeduce::labtest::wait_status;
 
 std::size_t occurrences(const std::string& text, const std::string& what) {
   std::size_t n = 0;
   for (std::size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
   return n;
-}
-
-int wait_status(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 struct Result {
