@@ -154,6 +154,11 @@ struct Pending {
 
 std::atomic<int> groups_in_process{0};
 
+class ProcessGroupTreeduce;
+/// The groups alive in this process, for quiesce_all() at interpreter exit.
+std::mutex live_mu;
+std::set<ProcessGroupTreeduce*> live_groups;
+
 class ProcessGroupTreeduce : public c10d::ProcessGroup {
  public:
   ProcessGroupTreeduce(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -178,9 +183,25 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
       throw;
     }
     thread_ = std::thread([this] { complete_loop(); });
+    std::lock_guard<std::mutex> l(live_mu);
+    live_groups.insert(this);
+  }
+
+  /// Waits (without the GIL) until every operation started so far has completed and its
+  /// future's callbacks have run. At interpreter exit (atexit, treeduce/torch/__init__.py): a
+  /// callback into Python on the completion thread after finalization has begun would have that
+  /// thread ended by Python inside C++ frames, which aborts the process ("terminate called
+  /// without an active exception").
+  void quiesce() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return stop_ || (queue_.empty() && !busy_); });
   }
 
   ~ProcessGroupTreeduce() override {
+    {
+      std::lock_guard<std::mutex> l(live_mu);
+      live_groups.erase(this);
+    }
     if (thread_.joinable()) {
       {
         std::lock_guard<std::mutex> l(mu_);
@@ -609,10 +630,13 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
       Pending p;
       {
         std::unique_lock<std::mutex> l(mu_);
+        busy_ = false;
+        cv_.notify_all();  // quiesce() waits for this
         cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;
         p = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
       std::exception_ptr e = p.error;
       for (host::Request req : p.requests) {
@@ -644,6 +668,7 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
   std::condition_variable cv_;
   std::deque<Pending> queue_;
   bool stop_ = false;
+  bool busy_ = false;  ///< the completion thread is completing an operation (under mu_)
   std::set<std::string> gloo_said_;
   std::thread thread_;
 };
@@ -667,6 +692,14 @@ DType fp8_format(const std::string& f) {
 PYBIND11_MODULE(_C, m) {
   using namespace treeduce::torchpg;
   m.doc() = "treeduce's torch.distributed process group (docs/pytorch.md)";
+  m.def(
+      "_quiesce_all",
+      [] {
+        py::gil_scoped_release unlocked;  // the completion threads' callbacks need it
+        std::lock_guard<std::mutex> l(live_mu);
+        for (ProcessGroupTreeduce* g : live_groups) g->quiesce();
+      },
+      "Waits until every live treeduce group has completed what it started (atexit).");
   m.def(
       "create_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

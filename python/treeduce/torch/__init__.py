@@ -11,6 +11,7 @@ network when the job has a tree, on the hosts otherwise, loudly); every other op
 through a Gloo process group made from the same store, said once on rank 0's stderr.
 """
 
+import atexit
 import os
 
 import torch
@@ -45,6 +46,9 @@ def _create(store, rank, world_size, timeout):
 
 if BACKEND.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND, _create)
+    # Before the interpreter finalizes: every group's completion thread done with its futures'
+    # Python callbacks (one running after finalization has begun would abort the process).
+    atexit.register(_C._quiesce_all)
 
 
 def _group(group):
