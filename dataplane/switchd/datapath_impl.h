@@ -191,6 +191,7 @@ struct Switch::Impl {
   // Control state, under `mu`: trees, their jobs, the neighbour book.
   mutable std::mutex mu;
   std::map<std::uint16_t, std::string> jobs;
+  std::set<std::uint16_t> static_trees;  ///< from the configuration: not reported to the manager
   NeighborBook book;
   /// Unresolved next hops of installed trees: when last asked (tsc) and how often. Asked every
   /// 100 ms for 3 s, then forgotten until a packet needs the address again.

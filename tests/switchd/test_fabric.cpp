@@ -197,6 +197,12 @@ class TestFabric {
     return true;
   }
 
+  /// Joins `job` afresh: the ranks run on its tree from then on.
+  bool rejoin(const std::string& job) {
+    ranks_.clear();
+    return join(job);
+  }
+
   /// Starts treeduce-perf (libtreeduce) on the four hosts with `args`.
   std::vector<Proc*> start_perf(const std::string& job, const std::vector<std::string>& args) {
     std::vector<Proc*> ranks;
@@ -648,6 +654,33 @@ TEST(Fabric, ManagerInstallsAndRemovesTheTree) {
     EXPECT_EQ(counter(m, "treeduce_switch_events_total", "event=\"result_multicast\""), c);
     EXPECT_EQ(counter(m, "treeduce_switch_events_total", "event=\"contrib_accepted\""), 2 * c);
   }
+}
+
+// Reconciliation: the manager is killed and started again without a database while the switches
+// hold a job's tree. Each switch registers again reporting the tree, the new manager, which does
+// not know it, removes it (the switches log it), and a new job gets a tree under the same id
+// (a fresh allocator starts over) and reduces in the network.
+TEST(Fabric, ManagerRestartedWithoutItsStateRemovesStaleTrees) {
+  Options o;
+  o.manager = true;
+  o.dtypes = "f32,i32";
+  o.ops = "sum";
+  o.counts = "1,1000";
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  const std::string old = std::to_string(f.tree_id());
+  ASSERT_EQ(f.fabric().restart_manager(), "");
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(
+        f.lab().wait_log(f.switch_proc(i), "removed stale trees " + old, std::chrono::seconds(60)))
+        << Lab::read_log(f.switch_proc(i));
+    EXPECT_NE(Lab::read_log(f.switch_proc(i)).find("tree " + old + " removed"), std::string::npos);
+  }
+  ASSERT_TRUE(f.rejoin("after-restart"));
+  EXPECT_EQ(std::to_string(f.tree_id()), old);
+  int cases = 0;
+  EXPECT_TRUE(f.run_hosts(&cases));
+  EXPECT_EQ(cases, 2 * 1 * 2);
 }
 
 /// What a treeduce-perf rank said of itself at the end: failed operations and wrong elements
