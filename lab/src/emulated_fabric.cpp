@@ -349,6 +349,18 @@ std::string Fabric::restart_manager() {
   return start_manager(manager_address());
 }
 
+std::string Fabric::restart_switch(std::size_t i) {
+  Proc* p = switches_.at(i);
+  kill(p->pid, SIGKILL);
+  lab_.wait(*p, std::chrono::seconds(5));
+  const std::vector<std::string> argv = switch_argv_.at(p);
+  p = &lab_.spawn(p->name, "", argv);
+  switch_argv_[p] = argv;
+  if (std::string e = wait_ready(&p); !e.empty()) return e;
+  switches_[i] = p;
+  return "";
+}
+
 Proc& Fabric::start_switch(const std::string& name, const std::string& cfg,
                            const std::vector<std::string>& vdevs) {
   std::vector<std::string> argv =
