@@ -218,9 +218,19 @@ class ManagerServer::Switches final : public pb::SwitchRegistry::Service {
       p.deterministic = r.deterministic();
       limits = p;
     }
-    Status s = reg_.register_switch(req->name(), req->agent_address(), limits);
-    if (!s.ok()) return to_grpc(s);
+    std::vector<HeldTree> held;
+    for (const pb::InstalledTree& t : req->trees()) {
+      if (t.tree_id() == 0 || t.tree_id() > 65535)
+        return to_grpc(invalid_argument("Switch '" + req->name() + "' reports tree id " +
+                                        std::to_string(t.tree_id()) +
+                                        "; tree ids are 1 to 65535."));
+      held.push_back({std::uint16_t(t.tree_id()), t.job(), t.key()});
+    }
+    auto done = reg_.register_switch(req->name(), req->agent_address(), limits, held);
+    if (!done.ok()) return to_grpc(done.status());
     rep->set_lease_ms(reg_.switch_lease_ms());
+    for (std::uint16_t id : done->removed) rep->add_removed_tree_ids(id);
+    for (std::uint16_t id : done->reinstalled) rep->add_reinstalled_tree_ids(id);
     return grpc::Status::OK;
   }
 

@@ -267,7 +267,7 @@ Status JobRegistry::install_tree(Job& j) {
   // root first (nodes order) so every parent is ready before its children forward to it.
   for (std::size_t i = 0; i < installs.size(); ++i) {
     const std::uint32_t sw = j.tree->nodes[i].sw;
-    Status s = client_.install(sw_[sw].agent, installs[i]);
+    Status s = install_on(sw, installs[i]);
     if (!s.ok()) {
       Status out(s.code(), "Switch " + installs[i].switch_name + " did not take tree " +
                                std::to_string(j.tree->tree_id) + " of job '" + j.tree->job +
@@ -286,6 +286,19 @@ Status JobRegistry::install_tree(Job& j) {
     }
   }
   return Status::Ok();
+}
+
+Status JobRegistry::install_on(std::uint32_t sw, const TreeInstall& t) {
+  Status s = client_.install(sw_[sw].agent, t);
+  if (s.code() != Code::already_exists) return s;
+  // No live job of this registry has the id (the allocator hands each out once), so what the
+  // switch holds under it is left over from a manager that forgot it: replace it.
+  std::cerr << "treeduce-manager: switch " << t.switch_name << " holds a stale tree " << t.tree_id
+            << "; removing it for job '" << t.job << "'\n";
+  if (Status r = client_.remove(sw_[sw].agent, t.switch_name, t.tree_id);
+      !r.ok() && r.code() != Code::not_found)
+    return r;
+  return client_.install(sw_[sw].agent, t);
 }
 
 void JobRegistry::remove_tree(Job& j) {
@@ -454,8 +467,9 @@ void JobRegistry::sweep() {
   flush();
 }
 
-Status JobRegistry::register_switch(const std::string& name, const std::string& agent,
-                                    const std::optional<ResourceProfile>& limits) {
+Result<Reconciled> JobRegistry::register_switch(const std::string& name, const std::string& agent,
+                                                const std::optional<ResourceProfile>& limits,
+                                                const std::vector<HeldTree>& held) {
   std::lock_guard lock(mu_);
   std::int64_t sw = topo_.find_switch(name);
   if (sw < 0) return not_found("Switch '" + name + "' is not in the topology.");
@@ -469,13 +483,79 @@ Status JobRegistry::register_switch(const std::string& name, const std::string& 
     if (Status s = alloc_.set_profile(std::uint32_t(sw), *limits); !s.ok()) return s;
   }
   Sw& s = sw_[std::size_t(sw)];
-  s.registered = true;
+  const std::string old_agent = s.agent;
   s.agent = agent;
+  auto done = reconcile(std::uint32_t(sw), held);
+  if (!done.ok()) {
+    s.agent = old_agent;
+    flush();
+    return done.status();
+  }
+  s.registered = true;
   s.lease_until = now() + std::int64_t(opt_.switch_lease_ms);
   alloc_.set_switch_up(std::uint32_t(sw), true);
   touch_switch(std::uint32_t(sw));
   flush();
-  return Status::Ok();
+  return done;
+}
+
+Result<Reconciled> JobRegistry::reconcile(std::uint32_t sw, const std::vector<HeldTree>& held) {
+  const std::string& sname = topo_.switches[sw].name;
+  // What this registry has on the switch: tree id -> (job, that switch's install).
+  std::map<std::uint16_t, std::pair<std::string, TreeInstall>> want;
+  for (auto& [jname, j] : jobs_) {
+    if (!j.tree) continue;
+    for (std::size_t i = 0; i < j.tree->nodes.size(); ++i) {
+      if (j.tree->nodes[i].sw != sw) continue;
+      std::vector<Address> addr;
+      for (const auto& [rank, r] : j.ranks) addr.push_back({topo_.hosts[r.host].data.ip, r.port});
+      want[j.tree->tree_id] = {jname, installs_for(*j.tree, j.key, addr)[i]};
+    }
+  }
+  Reconciled out;
+  std::set<std::uint16_t> have;
+  for (const HeldTree& h : held) {
+    auto w = want.find(h.tree_id);
+    if (w != want.end() && w->second.second.key == h.key) {
+      have.insert(h.tree_id);
+      continue;
+    }
+    if (w != want.end()) continue;  // another tree under a job's id: install_on replaces it
+    Status r = client_.remove(sw_[sw].agent, sname, h.tree_id);
+    if (unreachable(r))
+      return unavailable("Switch " + sname + " registered but its agent at " + sw_[sw].agent +
+                         " does not answer: " + r.message());
+    std::cerr << "treeduce-manager: switch " << sname << " held tree " << h.tree_id << " of job '"
+              << h.job << "', which this manager does not know; "
+              << (r.ok() || r.code() == Code::not_found ? "removed"
+                                                        : "removal failed: " + r.message())
+              << "\n";
+    out.removed.push_back(h.tree_id);
+  }
+  for (auto& [id, w] : want) {
+    if (have.count(id)) continue;
+    Status r = install_on(sw, w.second);
+    if (unreachable(r))
+      return unavailable("Switch " + sname + " registered but its agent at " + sw_[sw].agent +
+                         " does not answer: " + r.message());
+    auto it = jobs_.find(w.first);
+    if (!r.ok()) {
+      std::cerr << "treeduce-manager: switch " << sname << " did not take tree " << id
+                << " of job '" << w.first << "' back: " << r.message() << "\n";
+      remove_tree(it->second);
+      touch(w.first);
+      it->second.state = JobState::failed;
+      it->second.reason = "Switch " + sname + " of job '" + w.first +
+                          "' lost its tree and did not take it back (" + r.message() +
+                          "); the tree was removed: reduce on the hosts.";
+      cv_.notify_all();
+      continue;
+    }
+    std::cerr << "treeduce-manager: switch " << sname << " lacked tree " << id << " of job '"
+              << w.first << "'; installed it again\n";
+    out.reinstalled.push_back(id);
+  }
+  return out;
 }
 
 Status JobRegistry::switch_heartbeat(const std::string& name) {

@@ -230,8 +230,8 @@ bool good_listen(const std::string& a) {
 }  // namespace
 
 struct Agent::Impl {
-  Impl(const AgentOptions& o, TreeControl& trees)
-      : opt(o), service(o.switch_name, trees, o.ports) {}
+  Impl(const AgentOptions& o, TreeControl& t)
+      : opt(o), trees(t), service(o.switch_name, t, o.ports) {}
 
   /// Registers, then heartbeats; registers again whenever the manager no longer knows us.
   void run() {
@@ -244,11 +244,21 @@ struct Agent::Impl {
       if (!registered) {
         stub = connect();
         std::uint64_t lease = 0;
+        pb::RegisterReply rep;
+        // What the switch holds goes with the registration: the manager removes what it does
+        // not know and installs again what is missing before it answers.
+        const std::vector<TreeControl::Held> held = trees.held();
         grpc::Status s = call(
             [&](grpc::ClientContext* ctx) {
               pb::RegisterRequest req;
               req.set_name(opt.switch_name);
               req.set_agent_address(advertise);
+              for (const TreeControl::Held& h : held) {
+                pb::InstalledTree* t = req.add_trees();
+                t->set_tree_id(h.tree_id);
+                t->set_job(h.job);
+                t->set_key(h.key);
+              }
               if (const auto& res = opt.resources) {
                 auto* r = req.mutable_resources();
                 r->set_max_trees(res->max_trees);
@@ -260,7 +270,6 @@ struct Agent::Impl {
                 r->set_op_mask(res->op_mask);
                 r->set_deterministic(res->deterministic);
               }
-              pb::RegisterReply rep;
               grpc::Status st = stub->Register(ctx, req, &rep);
               lease = rep.lease_ms();
               return st;
@@ -272,7 +281,8 @@ struct Agent::Impl {
           heartbeat_failing = false;
           backoff = kFirstBackoff;
           interval = heartbeat_interval(lease);
-          report("registered with the manager at " + opt.manager + " as " + advertise);
+          report("registered with the manager at " + opt.manager + " as " + advertise +
+                 reconciled(held.size(), rep));
           continue;
         }
         report("cannot register with the manager at " + opt.manager + ": " + s.error_message());
@@ -328,6 +338,21 @@ struct Agent::Impl {
         grpc::CreateCustomChannel(opt.manager, grpc::InsecureChannelCredentials(), args));
   }
 
+  /// ", reporting N trees; it removed [..] and installed again [..]" for the log.
+  static std::string reconciled(std::size_t reported, const pb::RegisterReply& rep) {
+    const auto ids = [](const auto& list) {
+      std::string out;
+      for (std::uint32_t id : list) out += (out.empty() ? "" : " ") + std::to_string(id);
+      return out;
+    };
+    std::string out = " (" + std::to_string(reported) + " trees reported";
+    if (rep.removed_tree_ids_size())
+      out += "; it removed stale trees " + ids(rep.removed_tree_ids());
+    if (rep.reinstalled_tree_ids_size())
+      out += "; it installed again trees " + ids(rep.reinstalled_tree_ids());
+    return out + ")";
+  }
+
   /// Waits `d` on the agent's clock or until stopped; true when stopped.
   bool wait(std::unique_lock<std::mutex>& lock, milliseconds d) {
     const auto stopped = [this] { return stop; };
@@ -372,6 +397,7 @@ struct Agent::Impl {
   }
 
   AgentOptions opt;
+  TreeControl& trees;
   Service service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;

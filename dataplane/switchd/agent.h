@@ -32,6 +32,15 @@ class TreeControl {
   virtual Status install(const proto::TreeConfig& t, const std::string& job) = 0;
   /// Ok, or not_found when no tree has the id.
   virtual Status remove(std::uint16_t tree_id) = 0;
+  /// One tree the switch holds, as the agent reports it when it registers.
+  struct Held {
+    std::uint16_t tree_id = 0;
+    std::string job;
+    std::uint64_t key = 0;
+  };
+  /// The trees installed through install() other than the configuration's static ones, by id:
+  /// what the manager reconciles at registration (docs/manager.md, "Reconciliation").
+  virtual std::vector<Held> held() const = 0;
 };
 
 /// Faults injected on one port, for labs and tests (this kernel has no netem): what `treeduce lab

@@ -87,6 +87,8 @@ Result<std::unique_ptr<Switch>> Switch::create(const SwitchConfig& cfg) {
     if (Status st = sw->install(t.tree, t.job); !st.ok())
       return Status(st.code(),
                     "static tree " + std::to_string(t.tree.tree_id) + ": " + st.message());
+    std::lock_guard l(sw->impl_->mu);
+    sw->impl_->static_trees.insert(t.tree.tree_id);
   }
   return sw;
 }

@@ -46,6 +46,7 @@ class Switch final : public TreeControl, public PortControl {
 
   Status install(const proto::TreeConfig& t, const std::string& job) override;
   Status remove(std::uint16_t tree_id) override;
+  std::vector<Held> held() const override;
   /// Serves the agent's SetPortFault when the configuration allows it (`faults`); logged.
   Status set_port_fault(const std::string& port, const PortFault& f) override;
   /// Captures (capture.cpp): only with `faults`.

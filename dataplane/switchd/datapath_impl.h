@@ -102,6 +102,9 @@ struct alignas(64) FaultState {
   std::atomic<std::uint64_t> tsc_per_byte_q16{0};
   /// Frames through the port are copied to its capture file (capture.cpp).
   std::atomic<bool> capture{false};
+  /// The neighbour thread is stopping and starting the port (a memif client whose link stayed
+  /// down): the workers neither poll nor send on it. Set before an RCU grace period.
+  std::atomic<bool> restarting{false};
   PortFault now;  ///< as last set, for snapshots; under Impl::mu
 };
 
@@ -188,9 +191,23 @@ struct Switch::Impl {
   std::uint64_t tsc_hz = 0;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
+  /// A port's link as the neighbour thread watches it (links.cpp), under `mu`.
+  struct LinkState {
+    bool known = false;  ///< looked at once
+    bool up = false;
+    bool memif_client = false;  ///< restarted while its link stays down
+    bool stopped = false;       ///< a restart stopped it and could not start it again yet
+    std::uint64_t changes = 0, restarts = 0;
+    std::uint64_t down_since = 0, next_try = 0;  ///< tsc
+    std::uint32_t backoff_ms = 0;
+  };
+  std::array<LinkState, kMaxPorts> links{};
+  std::uint64_t last_link_check = 0;  ///< tsc; neighbour thread only
+
   // Control state, under `mu`: trees, their jobs, the neighbour book.
   mutable std::mutex mu;
   std::map<std::uint16_t, std::string> jobs;
+  std::set<std::uint16_t> static_trees;  ///< from the configuration: not reported to the manager
   NeighborBook book;
   /// Unresolved next hops of installed trees: when last asked (tsc) and how often. Asked every
   /// 100 ms for 3 s, then forgotten until a packet needs the address again.
@@ -261,6 +278,10 @@ struct Switch::Impl {
   bool may_learn(const NeighborEntry& e) const;
   void send_arp(std::uint32_t ip);
   void publish_neighbors();
+
+  // links.cpp
+  void watch_links();
+  void restart_port(std::size_t pi, std::uint64_t now);
 
   // trees.cpp
   Status admit_tree(const dp::TreeConfig& t) const;

@@ -69,6 +69,7 @@ void Switch::Impl::neighbor_loop() {
       for (unsigned i = 0; i < n; ++i) changed |= take(msgs[i]);
       if (changed) publish_neighbors();
       ask_again();
+      watch_links();
     }
     if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }

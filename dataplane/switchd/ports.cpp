@@ -1,6 +1,7 @@
 // treeduce-switch's ports: the mbuf pools, each port brought up (treeduce/dpdk/port.h) with one TX
 // queue per worker and up to one RX queue per worker, the workers' TX buffers, and the ports'
 // stop and counters.
+#include <rte_devargs.h>
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 
@@ -86,6 +87,15 @@ Status Switch::Impl::setup_port(const PortConfig& pc) {
   p.self.ip = pc.ip;
   const auto idx = static_cast<std::uint16_t>(ports.size());
   port_index[p.id] = idx;
+  {
+    // A memif client (role=client is memif's default) does not connect again by itself after
+    // its server refused it or went away: the neighbour thread restarts it (links.cpp).
+    const rte_devargs* da = info->device ? rte_dev_devargs(info->device) : nullptr;
+    const std::string args = da && da->args ? da->args : "";
+    std::lock_guard l(mu);
+    links[idx].memif_client = std::string_view(info->driver_name) == "net_memif" &&
+                              args.find("role=server") == std::string::npos;
+  }
   ports.push_back(p);
   {
     std::lock_guard l(mu);
@@ -170,6 +180,10 @@ std::vector<PortStats> Switch::Impl::port_stats() const {
     ps.name = p.cfg.name;
     ps.port_id = p.id;
     ps.fault = faults[port_index[p.id]].now;  // the caller holds mu
+    const LinkState& ls = links[port_index[p.id]];
+    ps.link_up = ls.up;
+    ps.link_changes = ls.changes;
+    ps.link_restarts = ls.restarts;
     {
       std::lock_guard l(cap_mu);
       if (const auto& c = captures[port_index[p.id]]) ps.capture = c->path;

@@ -162,6 +162,10 @@ constexpr PortField kPortFields[] = {
      "Erroneous frames received on the port."},
     {"treeduce_port_tx_errors_total", "tx_errors", &PortStats::tx_errors,
      "Frames the port failed to send."},
+    {"treeduce_port_link_changes_total", "link_changes", &PortStats::link_changes,
+     "Times the port's link went up or down after the switch first looked at it."},
+    {"treeduce_port_link_restarts_total", "link_restarts", &PortStats::link_restarts,
+     "Restarts of the port (a memif client whose link stayed down)."},
 };
 
 struct LcoreField {
@@ -225,6 +229,10 @@ std::string render_prometheus(const Snapshot& s) {
   x.family("treeduce_port_fault_rate_mbps", "gauge",
            "Rate received frames are released at, in Mb/s; 0: line rate.");
   for (const PortStats& p : s.ports) x.sample({{"port", p.name}}, std::uint64_t{p.fault.rate_mbps});
+  x.family("treeduce_port_link_up", "gauge",
+           "1 while the port's link is up (looked at every 100 ms; docs/switch.md, Links).");
+  for (const PortStats& p : s.ports)
+    x.sample({{"port", p.name}}, std::uint64_t{p.link_up ? 1u : 0u});
   x.family("treeduce_port_capturing", "gauge",
            "1 while the port's frames are captured to a file (SetPortCapture).");
   for (const PortStats& p : s.ports)

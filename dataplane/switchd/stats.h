@@ -38,7 +38,8 @@ namespace treeduce::switchd {
   _(injected_down,      "frames dropped on a port set down (fault injection)")             \
   _(fault_delayed,      "received frames held by a port's delay_us or rate_mbps fault")     \
   _(fault_queue_full,   "received frames dropped because a delayed port's queue was full")  \
-  _(capture_dropped,    "frames a capture missed (no mbuf for the copy, or its ring full)")
+  _(capture_dropped,    "frames a capture missed (no mbuf for the copy, or its ring full)") \
+  _(tx_port_restarting, "frames dropped because their port was being restarted (link down)")
 // clang-format on
 
 enum class SwitchdCounter : std::uint8_t {
@@ -59,8 +60,11 @@ struct PortStats {
   std::uint16_t port_id = 0;
   std::uint64_t rx_packets = 0, rx_bytes = 0, tx_packets = 0, tx_bytes = 0;
   std::uint64_t rx_missed = 0, rx_errors = 0, tx_errors = 0;  ///< from rte_eth_stats
-  PortFault fault;      ///< injected faults now (all zero: healthy)
-  std::string capture;  ///< the file the port's frames are captured to; empty: none
+  PortFault fault;       ///< injected faults now (all zero: healthy)
+  std::string capture;   ///< the file the port's frames are captured to; empty: none
+  bool link_up = false;  ///< as the neighbour thread last saw it (rte_eth_link_get_nowait)
+  std::uint64_t link_changes = 0;   ///< up/down transitions after the first look
+  std::uint64_t link_restarts = 0;  ///< restarts of a memif client whose link stayed down
 };
 
 struct TreeStats {

@@ -59,8 +59,21 @@ Status Switch::remove(std::uint16_t tree_id) {
   s.synchronize();  // no lcore still holds a pointer into the tree's slots
   for (dp::Tree* t : gone) dp::Core::destroy_tree(t);
   s.jobs.erase(tree_id);
+  s.static_trees.erase(tree_id);
   log("tree %u removed", tree_id);
   return Status::Ok();
+}
+
+std::vector<TreeControl::Held> Switch::held() const {
+  Impl& s = *impl_;
+  std::lock_guard l(s.mu);
+  std::vector<Held> out;
+  for (const auto& [id, job] : s.jobs) {
+    if (s.static_trees.count(id)) continue;
+    if (const proto::TreeConfig* c = s.workers[0]->core->tree_config(id))
+      out.push_back({id, job, c->key});
+  }
+  return out;
 }
 
 }  // namespace treeduce::switchd

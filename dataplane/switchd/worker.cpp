@@ -93,6 +93,8 @@ std::uint64_t Switch::Impl::poll_ports(Worker& w, const NeighborTable* nt, bool*
   for (std::size_t pi = 0; pi < ports.size(); ++pi) {
     if (w.rxq[pi] == kNoQueue) continue;
     const FaultState& fs = faults[pi];
+    if (fs.restarting.load(std::memory_order_relaxed)) [[unlikely]]
+      continue;
     // Held frames that are due go first: they arrived before anything received now.
     std::uint16_t r = 0;
     if (w.held[pi].size != 0) [[unlikely]] {
@@ -212,6 +214,8 @@ void Switch::Impl::send_injected(Worker& w) {
 
 void Switch::Impl::flush(Worker& w) {
   for (std::size_t i = 0; i < ports.size(); ++i) {
+    if (faults[i].restarting.load(std::memory_order_relaxed)) [[unlikely]]
+      continue;  // what it holds goes out once the port runs again
     rte_eth_tx_buffer_flush(ports[i].id, static_cast<std::uint16_t>(w.index), w.txbuf[i]);
   }
 }
@@ -397,6 +401,11 @@ void Switch::Impl::send(Worker& w, rte_mbuf* m) {
   const std::uint16_t idx = port_index[m->port];
   if (faults[idx].down.load(std::memory_order_relaxed)) [[unlikely]] {
     w.count(SwitchdCounter::injected_down);
+    rte_pktmbuf_free(m);
+    return;
+  }
+  if (faults[idx].restarting.load(std::memory_order_relaxed)) [[unlikely]] {
+    w.count(SwitchdCounter::tx_port_restarting);
     rte_pktmbuf_free(m);
     return;
   }

@@ -273,8 +273,8 @@ std::string Fabric::start_two_level(bool static_trees) {
   const std::string bsize = opt_.mtu > 1500 ? ",bsize=16384" : "";
   // The spine first, and ready (its ports started) before the leaves connect: DPDK's memif
   // server listens from the EAL's start but refuses a client ("ID not found") until its port is
-  // started, and a refused client never tries again. On a loaded machine the spine's port
-  // set-up can outlast a leaf's start, and the leaf's uplink then stays down for good.
+  // started, and a refused client only comes back when its switch restarts the port (after
+  // 500 ms down, docs/switch.md "Links"). Starting in order keeps the fabric's start fast.
   std::ostringstream ys;
   ys << "name: spine\ndata: " << spine_data << "\nports:\n"
      << port_yaml("net_memif0", "10.2.0.2/30", opt_.spine_loss, opt_.mtu)
@@ -347,6 +347,18 @@ std::string Fabric::restart_manager() {
   kill(manager_->pid, SIGKILL);
   lab_.wait(*manager_, std::chrono::seconds(5));
   return start_manager(manager_address());
+}
+
+std::string Fabric::restart_switch(std::size_t i) {
+  Proc* p = switches_.at(i);
+  kill(p->pid, SIGKILL);
+  lab_.wait(*p, std::chrono::seconds(5));
+  const std::vector<std::string> argv = switch_argv_.at(p);
+  p = &lab_.spawn(p->name, "", argv);
+  switch_argv_[p] = argv;
+  if (std::string e = wait_ready(&p); !e.empty()) return e;
+  switches_[i] = p;
+  return "";
 }
 
 Proc& Fabric::start_switch(const std::string& name, const std::string& cfg,

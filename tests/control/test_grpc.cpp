@@ -237,6 +237,18 @@ TEST_F(Grpc, HostileRpcsAreRefusedWithCodeAndSentence) {
   rr.set_agent_address("127.0.0.1:1");
   pb::RegisterReply rrep;
   EXPECT_EQ(sr->Register(&ctx, rr, &rrep).error_code(), grpc::StatusCode::NOT_FOUND);
+  // A reported tree id outside 1..65535 is refused with a sentence, not truncated.
+  for (std::uint32_t id : {0u, 65536u}) {
+    grpc::ClientContext c;
+    pb::RegisterRequest bad;
+    bad.set_name("leaf0");
+    bad.set_agent_address("127.0.0.1:1");
+    bad.add_trees()->set_tree_id(id);
+    const grpc::Status st = sr->Register(&c, bad, &rrep);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << id;
+    EXPECT_EQ(st.error_message(), "Switch 'leaf0' reports tree id " + std::to_string(id) +
+                                      "; tree ids are 1 to 65535.");
+  }
 }
 
 TEST_F(Grpc, CrashedSwitchFailsTheJobAndRanksAreTold) {

@@ -362,8 +362,8 @@ TEST_F(Fixture, RegistrationGatesSwitches) {
   // A refused job stays refused (every late rank learns the same) until its ranks leave.
   EXPECT_EQ(reg->join(args("j", 0, 1, "h0-0"), 100).status().code(), Code::failed_precondition);
   ASSERT_TRUE(reg->leave("j", 0).ok());
-  EXPECT_EQ(reg->register_switch("nope", "127.0.0.1:1", {}).code(), Code::not_found);
-  EXPECT_EQ(reg->register_switch("leaf0", "", {}).code(), Code::invalid_argument);
+  EXPECT_EQ(reg->register_switch("nope", "127.0.0.1:1", {}).status().code(), Code::not_found);
+  EXPECT_EQ(reg->register_switch("leaf0", "", {}).status().code(), Code::invalid_argument);
   ResourceProfile tiny = *find_builtin_profile("quantum2");
   tiny.max_trees = 1;
   ASSERT_TRUE(reg->register_switch("leaf0", "127.0.0.1:1", tiny).ok());
@@ -452,4 +452,54 @@ TEST_F(Fixture, RestartKeepsJobsAndTreesWithoutTouchingSwitches) {
   reg.reset();
   st.value().reset();
   std::filesystem::remove(path);
+}
+
+// Reconciliation (docs/manager.md): a registering switch's unknown trees are removed, its jobs'
+// missing or different trees installed again, and a stale tree under an id never blocks a job.
+TEST_F(Fixture, RegistrationReconcilesTheSwitchsTrees) {
+  TreeInstall stale;
+  stale.switch_name = "leaf0";
+  stale.key = 1;
+  for (std::uint16_t id = 1; id <= 50; ++id) {  // left by a manager that forgot them
+    stale.tree_id = id;
+    client.trees["leaf0"][id] = stale;
+  }
+  // The switch reports one of them: it is removed before the registration returns.
+  auto r = reg->register_switch("leaf0", "127.0.0.1:1", {}, {{50, "gone", 1}});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->removed, std::vector<std::uint16_t>{50});
+  EXPECT_TRUE(r->reinstalled.empty());
+  EXPECT_EQ(client.trees["leaf0"].count(50), 0u);
+  // The others it did not report: an install under a stale id replaces the stale tree.
+  auto a = reg->join(args("j", 0, 1, "h0-0"), 100);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const std::uint16_t id = a->tree_id;
+  EXPECT_EQ(client.trees["leaf0"].at(id).key, a->key);
+  EXPECT_EQ(client.trees["leaf0"].at(id).job, "j");
+  const TreeInstall want = client.trees["leaf0"].at(id);
+  // Reported with its key: nothing to do.
+  r = reg->register_switch("leaf0", "127.0.0.1:1", {}, {{id, "j", a->key}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->removed.empty() && r->reinstalled.empty());
+  // Missing, or another tree under the id: installed again, the job keeps running.
+  client.trees["leaf0"].erase(id);
+  for (std::uint64_t key : {std::uint64_t(0), a->key + 1}) {
+    std::vector<HeldTree> held;
+    if (key) {
+      held.push_back({id, "other", key});
+      client.trees["leaf0"][id].key = key;
+    }
+    r = reg->register_switch("leaf0", "127.0.0.1:1", {}, held);
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->removed.empty());
+    EXPECT_EQ(r->reinstalled, std::vector<std::uint16_t>{id});
+    EXPECT_EQ(client.trees["leaf0"].at(id), want);
+  }
+  EXPECT_EQ(reg->jobs().at(0).state, JobState::running);
+  // An agent that does not answer: the registration is refused (the agent retries), and the
+  // switch stays as it was.
+  client.dead.insert("leaf0");
+  r = reg->register_switch("leaf0", "127.0.0.1:2", {}, {{77, "gone", 3}});
+  EXPECT_EQ(r.status().code(), Code::unavailable);
+  EXPECT_EQ(reg->switches().at(0).agent, "127.0.0.1:1");
 }

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -37,12 +38,20 @@ class FakeTrees final : public TreeControl {
   treeduce::Status install(const dp::TreeConfig& t, const std::string& job) override {
     std::lock_guard l(mu_);
     installs_.push_back({t, job});
+    if (install_answer_.ok()) held_[t.tree_id] = {t.tree_id, job, t.key};
     return install_answer_;
   }
   treeduce::Status remove(std::uint16_t tree_id) override {
     std::lock_guard l(mu_);
     removes_.push_back(tree_id);
+    if (remove_answer_.ok()) held_.erase(tree_id);
     return remove_answer_;
+  }
+  std::vector<Held> held() const override {
+    std::lock_guard l(mu_);
+    std::vector<Held> out;
+    for (const auto& [id, h] : held_) out.push_back(h);
+    return out;
   }
   void answer(treeduce::Status install, treeduce::Status remove) {
     std::lock_guard l(mu_);
@@ -59,7 +68,8 @@ class FakeTrees final : public TreeControl {
   }
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  std::map<std::uint16_t, Held> held_;  // what install/remove left, as a switch reports it
   std::vector<Install> installs_;
   std::vector<std::uint16_t> removes_;
   treeduce::Status install_answer_, remove_answer_;
@@ -550,6 +560,54 @@ TEST_F(WithManager, RegistersAgainWithARestartedManager) {
   EXPECT_EQ(leaf0().agent, local(agent->port()));
   join_both("after");
   EXPECT_EQ(trees.installs().size(), 1u);
+}
+
+// Reconciliation: a manager restarted without its database does not know the switch's tree; the
+// agent reports it when it registers again, the manager removes it, and a new job gets a tree
+// (its id the stale one's: the fresh allocator starts over) without ALREADY_EXISTS.
+TEST_F(WithManager, ARestartedManagerRemovesTheTreesItDoesNotKnow) {
+  start_manager();
+  start_agent();
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  const std::uint32_t old_id = join_both("before")[0].assignment().tree_id();
+  ASSERT_EQ(trees.held().size(), 1u);
+  server.reset();
+  reg.reset();
+  start_manager();  // same port, no database
+  ASSERT_TRUE(eventually([&] {
+    clock.step_pending();
+    return leaf0_registered() && agent->registered();
+  }));
+  // Removed before the registration was answered.
+  EXPECT_EQ(trees.removes(), std::vector<std::uint16_t>{std::uint16_t(old_id)});
+  EXPECT_TRUE(trees.held().empty());
+  const auto rep = join_both("after");
+  EXPECT_EQ(rep[0].assignment().tree_id(), old_id);
+  ASSERT_EQ(trees.held().size(), 1u);
+  EXPECT_EQ(trees.held()[0].job, "after");
+  EXPECT_EQ(trees.held()[0].key, rep[0].assignment().job_key());
+}
+
+// A switch that lost its trees (a restart within its lease) and registers again gets its jobs'
+// trees back from the manager, which still counts them as installed.
+TEST_F(WithManager, ASwitchThatLostItsTreesGetsThemBack) {
+  start_manager();
+  start_agent();
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  const auto rep = join_both("kept");
+  agent.reset();
+  const dp::TreeConfig first = trees.installs().at(0).cfg;
+  ASSERT_TRUE(trees.remove(first.tree_id).ok());  // what a restarted switch holds: nothing
+  start_agent();
+  ASSERT_TRUE(eventually([&] {
+    clock.step_pending();
+    return agent->registered();
+  }));
+  const auto got = trees.installs();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(got[1].cfg == first);
+  EXPECT_EQ(got[1].job, "kept");
+  EXPECT_EQ(reg->jobs().at(0).state, ctl::JobState::running);
 }
 
 TEST_F(WithManager, AnUnknownSwitchIsReportedOnceNotPerRetry) {

@@ -197,6 +197,12 @@ class TestFabric {
     return true;
   }
 
+  /// Joins `job` afresh: the ranks run on its tree from then on.
+  bool rejoin(const std::string& job) {
+    ranks_.clear();
+    return join(job);
+  }
+
   /// Starts treeduce-perf (libtreeduce) on the four hosts with `args`.
   std::vector<Proc*> start_perf(const std::string& job, const std::vector<std::string>& args) {
     std::vector<Proc*> ranks;
@@ -647,6 +653,76 @@ TEST(Fabric, ManagerInstallsAndRemovesTheTree) {
     const std::uint64_t c = chunks(o);
     EXPECT_EQ(counter(m, "treeduce_switch_events_total", "event=\"result_multicast\""), c);
     EXPECT_EQ(counter(m, "treeduce_switch_events_total", "event=\"contrib_accepted\""), 2 * c);
+  }
+}
+
+// Reconciliation: the manager is killed and started again without a database while the switches
+// hold a job's tree. Each switch registers again reporting the tree, the new manager, which does
+// not know it, removes it (the switches log it), and a new job gets a tree under the same id
+// (a fresh allocator starts over) and reduces in the network.
+TEST(Fabric, ManagerRestartedWithoutItsStateRemovesStaleTrees) {
+  Options o;
+  o.manager = true;
+  o.dtypes = "f32,i32";
+  o.ops = "sum";
+  o.counts = "1,1000";
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  const std::string old = std::to_string(f.tree_id());
+  ASSERT_EQ(f.fabric().restart_manager(), "");
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(
+        f.lab().wait_log(f.switch_proc(i), "removed stale trees " + old, std::chrono::seconds(60)))
+        << Lab::read_log(f.switch_proc(i));
+    EXPECT_NE(Lab::read_log(f.switch_proc(i)).find("tree " + old + " removed"), std::string::npos);
+  }
+  ASSERT_TRUE(f.rejoin("after-restart"));
+  EXPECT_EQ(std::to_string(f.tree_id()), old);
+  int cases = 0;
+  EXPECT_TRUE(f.run_hosts(&cases));
+  EXPECT_EQ(cases, 2 * 1 * 2);
+}
+
+/// How often `text` is in `log`.
+std::size_t occurrences(const std::string& log, const std::string& text) {
+  std::size_t n = 0;
+  for (std::size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+  return n;
+}
+
+// Links: the spine, the memif server of both leaves' uplinks, is killed and started again. Each
+// leaf sees its uplink go down (logged), restarts its memif client port until the new server
+// takes it, sees the link up again, and the ranks' allreduces cross the spine again, exactly.
+TEST(Fabric, MemifClientsComeBackAfterTheirServerRestarts) {
+  Options o;
+  o.dtypes = "f32";
+  o.ops = "sum";
+  o.counts = "1,1000";
+  TestFabric f(o);
+  ASSERT_TRUE(f.up());
+  int cases = 0;
+  EXPECT_TRUE(f.run_hosts(&cases));
+  ASSERT_EQ(f.fabric().restart_switch(2), "");
+  for (std::size_t i = 0; i < 2; ++i) {
+    // Up at start (possibly after a first "down"), down, up again: two "up" lines. The deadline
+    // only keeps a broken switch from hanging the test.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (occurrences(Lab::read_log(f.switch_proc(i)), "port net_memif0 link up") < 2 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const std::string log = Lab::read_log(f.switch_proc(i));
+    EXPECT_EQ(occurrences(log, "port net_memif0 link up"), 2u) << log;
+    EXPECT_NE(log.find("port net_memif0 link down"), std::string::npos) << log;
+    EXPECT_NE(log.find("port net_memif0: memif client link down for"), std::string::npos) << log;
+  }
+  EXPECT_TRUE(f.run_hosts(&cases));
+  EXPECT_EQ(cases, 2);
+  const auto sw = f.stop_switches();
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(counter(sw[i], "treeduce_port_link_up", "port=\"net_memif0\""), 1u);
+    EXPECT_EQ(counter(sw[i], "treeduce_port_link_up", "port=\"net_af_packet0\""), 1u);
+    EXPECT_GE(counter(sw[i], "treeduce_port_link_changes_total", "port=\"net_memif0\""), 2u);
+    EXPECT_GE(counter(sw[i], "treeduce_port_link_restarts_total", "port=\"net_memif0\""), 1u);
   }
 }
 

@@ -63,6 +63,19 @@ class SwitchClient {
                         std::uint16_t tree_id) = 0;
 };
 
+/// A tree a switch says it holds when it registers (RegisterRequest.trees).
+struct HeldTree {
+  std::uint16_t tree_id = 0;
+  std::string job;
+  std::uint64_t key = 0;
+};
+
+/// What a registration did to bring the switch in line with the registry (reconciliation).
+struct Reconciled {
+  std::vector<std::uint16_t> removed;      ///< stale trees removed from the switch
+  std::vector<std::uint16_t> reinstalled;  ///< known trees installed again
+};
+
 /// What a rank sends to join.
 struct JoinArgs {
   std::string job;
@@ -166,9 +179,14 @@ class JobRegistry {
   /// Join (a fixed restart) clears it. failed_precondition when the job is running.
   Status abort(const std::string& job, std::optional<std::uint32_t> rank, const std::string& why);
 
-  /// A switch agent announces itself (and optionally its real limits).
-  Status register_switch(const std::string& name, const std::string& agent,
-                         const std::optional<ResourceProfile>& limits);
+  /// A switch agent announces itself (and optionally its real limits) with the trees it holds:
+  /// those no job has on it (by id and key) are removed through the SwitchClient, the trees of
+  /// its jobs it lacks are installed again, before the call returns (under the registry's lock,
+  /// so no allocation can reuse a stale tree's id in between). unavailable when the agent does
+  /// not answer; a job whose tree the switch refuses to take back fails.
+  Result<Reconciled> register_switch(const std::string& name, const std::string& agent,
+                                     const std::optional<ResourceProfile>& limits,
+                                     const std::vector<HeldTree>& held = {});
   Status switch_heartbeat(const std::string& name);
   /// Marks a switch failed: its jobs fail (ranks are told through heartbeats) and free their
   /// trees on the other switches.
@@ -228,7 +246,12 @@ class JobRegistry {
   Status validate(const JoinArgs& a, std::uint32_t* host) const;
   void try_start(const std::string& name, Job& j);
   Status install_tree(Job& j);
+  /// One install; a tree the switch already holds under the id with another configuration is
+  /// stale (ids are the registry's) and is removed first.
+  Status install_on(std::uint32_t sw, const TreeInstall& t);
   void remove_tree(Job& j);
+  /// Brings switch `sw` (its agent address set) in line with the jobs: see register_switch.
+  Result<Reconciled> reconcile(std::uint32_t sw, const std::vector<HeldTree>& held);
   void end_job(std::map<std::string, Job>::iterator it);
   void fail_jobs_on(std::uint32_t sw, const std::string& why);
   void touch(const std::string& job) { dirty_jobs_.insert(job); }

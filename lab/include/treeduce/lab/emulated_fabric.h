@@ -96,6 +96,9 @@ class Fabric {
   std::vector<int> stop();
   /// Kills the manager (SIGKILL) and starts it again on the same address; "" or what went wrong.
   std::string restart_manager();
+  /// Kills switch i (SIGKILL) and starts it again with the same arguments, waiting until it is
+  /// ready; "" or what went wrong. switches()[i] is then the new process.
+  std::string restart_switch(std::size_t i);
 
   static std::string host_ip(int h) { return "10.1." + std::to_string(h) + ".1"; }
   /// Host h's address on the management network.
