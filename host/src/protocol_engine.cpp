@@ -166,9 +166,8 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
   Coll& c = colls_[k];
   const std::size_t first = s.index * c.elems_per_chunk;
   const std::size_t n = std::min(c.elems_per_chunk, c.count - first);
-  if (td.dtype != static_cast<std::uint8_t>(c.dtype) ||
-      td.op != static_cast<std::uint8_t>(c.op) || td.count.get() != n ||
-      len != n * dtype_size(c.dtype) || td.ncontrib.get() != cfg_.world ||
+  if (td.dtype != static_cast<std::uint8_t>(c.dtype) || td.op != static_cast<std::uint8_t>(c.op) ||
+      td.count.get() != n || len != n * dtype_size(c.dtype) || td.ncontrib.get() != cfg_.world ||
       td.slot.get() != (chunk & slot_mask_)) {
     finish(Status::bad_result);
     return;

@@ -197,9 +197,9 @@ void Fabric::start_collective(HostNode& h) {
   const JobSpec& spec = jobs_[static_cast<std::size_t>(h.job)];
   const auto& in = spec.inputs[h.collective][h.index];
   h.outputs[h.collective].assign(in.size(), 0xEE);
-  const host::Status st = h.engine->enqueue(in.data(), h.outputs[h.collective].data(),
-                                            in.size() / dtype_size(spec.dtype), spec.dtype,
-                                            spec.op);
+  const host::Status st =
+      h.engine->enqueue(in.data(), h.outputs[h.collective].data(),
+                        in.size() / dtype_size(spec.dtype), spec.dtype, spec.op);
   ++h.collective;
   if (st != host::Status::running) {
     h.finished = true;
