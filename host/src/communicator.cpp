@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -165,8 +166,11 @@ class CommunicatorImpl final : public Communicator {
       case Verdict::fail:
         return d.error;
     }
-    queue_ = std::make_unique<RequestQueue>([this](const Operation& o) { return execute(o); },
-                                            /*caller_runs=*/true);
+    queue_ = std::make_unique<RequestQueue>([this](Feed& f) { run_feed(f); },
+                                            /*caller_runs=*/true,
+                                            [this] {
+                                              if (network_) network_->wake();
+                                            });
     return treeduce::Status::Ok();
   }
 
@@ -360,6 +364,112 @@ class CommunicatorImpl final : public Communicator {
            " and its own child index, as the switch was configured";
   }
 
+  // The request queue's runner: what the feed has, in order. Operations that go to the network
+  // stream through it back to back (stream()); any other runs alone (execute()).
+  void run_feed(Feed& feed) {
+    while (const Operation* next = feed.peek()) {
+      const Operation o = *next;
+      if (network_ready(o)) {
+        stream(feed);
+        continue;
+      }
+      feed.take();
+      feed.complete(execute(o));
+    }
+  }
+
+  // Whether `o` goes to the network now, with nothing in its way (execute_on_path() says why
+  // when it does not).
+  bool network_ready(const Operation& o) {
+    {
+      std::lock_guard lk(mu_);
+      if (path_ != Path::network) return false;
+    }
+    std::string why;
+    return offloadable(o.dtype, o.op) && !network_->broken() &&
+           !(manager_ && !manager_->tree_usable(&why));
+  }
+
+  // Operations the feed has for the network, back to back through the window (docs/host.md,
+  // "Pipelining"), each completed as its last result comes in. When the stream stops, the
+  // oldest operation not done and the later ones it had taken fall back (or fail) in order, as
+  // one operation on its own would.
+  void stream(Feed& feed) {
+    struct Item {
+      Operation op;
+      std::uint64_t index;             // op_index_: the same sequence on every rank
+      std::vector<std::uint8_t> kept;  // in-place input kept for a fallback
+    };
+    struct Source final : StreamSource {
+      Source(CommunicatorImpl& owner, Feed& f) : c(owner), feed(f) {}
+      bool next(Operation* out) override {
+        const Operation* o = feed.peek();
+        if (o == nullptr || !c.network_ready(*o)) return false;
+        Item it{*o, ++c.op_index_, {}};
+        if (c.opt_.path == Path::auto_select && o->send == o->recv) {
+          const auto* in = static_cast<const std::uint8_t*>(o->send);
+          it.kept.assign(in, in + o->count * dtype_size(o->dtype));
+        }
+        feed.take();
+        items.push_back(std::move(it));
+        *out = items.back().op;
+        return true;
+      }
+      void done() override {
+        const Item& it = items.front();
+        {
+          std::lock_guard lk(c.mu_);
+          c.stats_.retransmits = c.network_->retransmits();
+          ++c.stats_.network_ops;
+          c.stats_.bytes += it.op.count * dtype_size(it.op.dtype);
+        }
+        items.pop_front();
+        feed.complete(treeduce::Status::Ok());
+      }
+      CommunicatorImpl& c;
+      Feed& feed;
+      std::deque<Item> items;  // taken, not done
+    } src(*this, feed);
+    std::optional<Obstacle> failed;
+    try {
+      failed = network_->run_stream(src);
+    } catch (const std::exception& e) {
+      network_->set_broken();
+      while (!src.items.empty()) {
+        src.items.pop_front();
+        feed.complete(internal_error(std::string("Internal error: ") + e.what() + "."));
+      }
+      return;
+    }
+    {
+      std::lock_guard lk(mu_);
+      stats_.retransmits = network_->retransmits();
+    }
+    if (!failed) return;
+    failed->fatal = failed->fatal || stop_.load();
+    if (std::string gone;
+        failed->code == Code::deadline_exceeded && manager_ && !manager_->tree_usable(&gone)) {
+      failed->why += "; the Aggregation Manager says: " + as_phrase(gone);
+    }
+    const PathDecision d = decide_path(opt_.path, failed);
+    bool first = true;
+    while (!src.items.empty()) {
+      const Item& it = src.items.front();
+      const void* send = it.kept.empty() ? it.op.send : it.kept.data();
+      treeduce::Status s;
+      try {
+        // After the first has moved the communicator to the host path, the rest just run there.
+        s = first || path() == Path::network ? fall_back(it.op, d, send, it.index)
+                                             : run_host(it.op, send, it.index);
+      } catch (const std::exception& e) {
+        s = internal_error(std::string("Internal error: ") + e.what() + ".");
+      }
+      first = false;
+      src.items.pop_front();
+      feed.complete(std::move(s));
+    }
+  }
+
   // Runs one operation on the path it should take; one thread at a time (the request queue's).
   // Never throws: out of memory for an in-place copy, or a library throwing, fails the
   // operation and the process lives.
@@ -374,13 +484,13 @@ class CommunicatorImpl final : public Communicator {
   }
 
   treeduce::Status execute_on_path(const Operation& o) {
-    ++op_index_;
+    const std::uint64_t index = ++op_index_;
     Path p;
     {
       std::lock_guard lk(mu_);
       p = path_;
     }
-    if (p != Path::network) return run_host(o, o.send);
+    if (p != Path::network) return run_host(o, o.send, index);
 
     // Whatever stands in the network path's way before the operation starts.
     std::optional<Obstacle> before;
@@ -398,7 +508,7 @@ class CommunicatorImpl final : public Communicator {
                         "midway"};
       before->fatal = true;
     }
-    if (before) return fall_back(o, decide_path(opt_.path, before), o.send);
+    if (before) return fall_back(o, decide_path(opt_.path, before), o.send, index);
 
     // In place with a fallback possible: keep the input, since the network path overwrites it
     // chunk by chunk and a failed operation is redone on the host path from the same input.
@@ -425,11 +535,12 @@ class CommunicatorImpl final : public Communicator {
         failed->code == Code::deadline_exceeded && manager_ && !manager_->tree_usable(&gone)) {
       failed->why += "; the Aggregation Manager says: " + as_phrase(gone);
     }
-    return fall_back(o, decide_path(opt_.path, failed), keep ? saved_.data() : o.send);
+    return fall_back(o, decide_path(opt_.path, failed), keep ? saved_.data() : o.send, index);
   }
 
   // What the path policy decided for an operation the network path cannot take.
-  treeduce::Status fall_back(const Operation& o, const PathDecision& d, const void* send) {
+  treeduce::Status fall_back(const Operation& o, const PathDecision& d, const void* send,
+                             std::uint64_t index) {
     switch (d.verdict) {
       case Verdict::fail:
         return d.error;
@@ -443,16 +554,16 @@ class CommunicatorImpl final : public Communicator {
           std::lock_guard lk(mu_);
           stats_.fallback_reason = why;
         }
-        return run_host(o, send);
+        return run_host(o, send, index);
       }
       default:
         use_host(d.reason, true);
-        return run_host(o, send);
+        return run_host(o, send, index);
     }
   }
 
-  treeduce::Status run_host(const Operation& o, const void* send) {
-    treeduce::Status s = host_.run(o, send, op_index_);
+  treeduce::Status run_host(const Operation& o, const void* send, std::uint64_t index) {
+    treeduce::Status s = host_.run(o, send, index);
     if (s.ok()) {
       std::lock_guard lk(mu_);
       ++stats_.fallback_ops;
