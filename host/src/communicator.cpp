@@ -5,6 +5,11 @@
 #include "treeduce/host/communicator.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -41,6 +46,43 @@ constexpr std::uint64_t kRtoMaxNs = 128'000'000;
 bool is_ipv4(const std::string& s) {
   in_addr a{};
   return inet_pton(AF_INET, s.c_str(), &a) == 1;
+}
+
+// The MTU of the interface that holds the IPv4 address `ip`, or 0 when none does.
+std::uint32_t interface_mtu(const std::string& ip) {
+  in_addr want{};
+  if (inet_pton(AF_INET, ip.c_str(), &want) != 1) return 0;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return 0;
+  std::string name;
+  for (const ifaddrs* i = all; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == want.s_addr) {
+      name = i->ifa_name;
+      break;
+    }
+  }
+  freeifaddrs(all);
+  if (name.empty() || name.size() >= IFNAMSIZ) return 0;
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  ifreq req{};
+  std::memcpy(req.ifr_name, name.c_str(), name.size());
+  const int r = ioctl(fd, SIOCGIFMTU, &req);
+  close(fd);
+  return r == 0 && req.ifr_mtu > 0 ? static_cast<std::uint32_t>(req.ifr_mtu) : 0;
+}
+
+// Options::payload_bytes 0: the largest payload the protocol allows (a power of two, 256 to
+// 8192) whose datagram (IPv4, UDP, treeduce headers) fits the MTU of this host's data interface;
+// 1024 when the interface is unknown. Every rank of a job on one fabric finds the same.
+std::uint32_t payload_for_path(const std::string& local_ip) {
+  const std::uint32_t mtu = interface_mtu(local_ip);
+  if (mtu == 0) return 1024;
+  const std::size_t headers = sizeof(proto::Ipv4Hdr) + sizeof(proto::UdpHdr) + sizeof(proto::TdHdr);
+  std::uint32_t p = static_cast<std::uint32_t>(proto::kMaxPayloadBytes);
+  while (p > proto::kMinPayloadBytes && p + headers > mtu) p /= 2;
+  return p;
 }
 
 std::string dtype_op(DType d, ReduceOp op) {
@@ -121,7 +163,8 @@ class CommunicatorImpl final : public Communicator {
       jr.host = opt_.host;
       jr.port = port();
       jr.slots = opt_.slots;
-      jr.payload_bytes = opt_.payload_bytes;
+      jr.payload_bytes =
+          opt_.payload_bytes != 0 ? opt_.payload_bytes : payload_for_path(local_ip());
       jr.deterministic = opt_.deterministic;
       jr.wait_ms = opt_.join_timeout_ms;
       const JoinOutcome o = manager_->join(jr);
@@ -270,6 +313,13 @@ class CommunicatorImpl final : public Communicator {
     return report(*s);
   }
 
+  // The local IPv4 address of the data path ("0.0.0.0": any).
+  std::string local_ip() const {
+    return !opt_.bind_address.empty() ? opt_.bind_address
+           : is_ipv4(opt_.host)       ? opt_.host
+                                      : "0.0.0.0";
+  }
+
   std::uint16_t port() const {
     return opt_.port != 0 ? opt_.port : static_cast<std::uint16_t>(29000 + opt_.rank % 1000);
   }
@@ -315,9 +365,7 @@ class CommunicatorImpl final : public Communicator {
                                                   " ranks, not " + std::to_string(opt_.world_size)};
     }
     TransportEndpoints at;
-    at.bind_address = !opt_.bind_address.empty() ? opt_.bind_address
-                      : is_ipv4(opt_.host)       ? opt_.host
-                                                 : "0.0.0.0";
+    at.bind_address = local_ip();
     at.port = port();
     at.leaf_address = t.leaf_address;
     at.payload_bytes = t.payload_bytes;
