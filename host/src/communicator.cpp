@@ -5,12 +5,18 @@
 #include "treeduce/host/communicator.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -40,6 +46,43 @@ constexpr std::uint64_t kRtoMaxNs = 128'000'000;
 bool is_ipv4(const std::string& s) {
   in_addr a{};
   return inet_pton(AF_INET, s.c_str(), &a) == 1;
+}
+
+// The MTU of the interface that holds the IPv4 address `ip`, or 0 when none does.
+std::uint32_t interface_mtu(const std::string& ip) {
+  in_addr want{};
+  if (inet_pton(AF_INET, ip.c_str(), &want) != 1) return 0;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return 0;
+  std::string name;
+  for (const ifaddrs* i = all; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == want.s_addr) {
+      name = i->ifa_name;
+      break;
+    }
+  }
+  freeifaddrs(all);
+  if (name.empty() || name.size() >= IFNAMSIZ) return 0;
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  ifreq req{};
+  std::memcpy(req.ifr_name, name.c_str(), name.size());
+  const int r = ioctl(fd, SIOCGIFMTU, &req);
+  close(fd);
+  return r == 0 && req.ifr_mtu > 0 ? static_cast<std::uint32_t>(req.ifr_mtu) : 0;
+}
+
+// Options::payload_bytes 0: the largest payload the protocol allows (a power of two, 256 to
+// 8192) whose datagram (IPv4, UDP, treeduce headers) fits the MTU of this host's data interface;
+// 1024 when the interface is unknown. Every rank of a job on one fabric finds the same.
+std::uint32_t payload_for_path(const std::string& local_ip) {
+  const std::uint32_t mtu = interface_mtu(local_ip);
+  if (mtu == 0) return 1024;
+  const std::size_t headers = sizeof(proto::Ipv4Hdr) + sizeof(proto::UdpHdr) + sizeof(proto::TdHdr);
+  std::uint32_t p = static_cast<std::uint32_t>(proto::kMaxPayloadBytes);
+  while (p > proto::kMinPayloadBytes && p + headers > mtu) p /= 2;
+  return p;
 }
 
 std::string dtype_op(DType d, ReduceOp op) {
@@ -120,7 +163,8 @@ class CommunicatorImpl final : public Communicator {
       jr.host = opt_.host;
       jr.port = port();
       jr.slots = opt_.slots;
-      jr.payload_bytes = opt_.payload_bytes;
+      jr.payload_bytes =
+          opt_.payload_bytes != 0 ? opt_.payload_bytes : payload_for_path(local_ip());
       jr.deterministic = opt_.deterministic;
       jr.wait_ms = opt_.join_timeout_ms;
       const JoinOutcome o = manager_->join(jr);
@@ -165,8 +209,11 @@ class CommunicatorImpl final : public Communicator {
       case Verdict::fail:
         return d.error;
     }
-    queue_ = std::make_unique<RequestQueue>([this](const Operation& o) { return execute(o); },
-                                            /*caller_runs=*/true);
+    queue_ = std::make_unique<RequestQueue>([this](Feed& f) { run_feed(f); },
+                                            /*caller_runs=*/true,
+                                            [this] {
+                                              if (network_) network_->wake();
+                                            });
     return treeduce::Status::Ok();
   }
 
@@ -266,6 +313,13 @@ class CommunicatorImpl final : public Communicator {
     return report(*s);
   }
 
+  // The local IPv4 address of the data path ("0.0.0.0": any).
+  std::string local_ip() const {
+    return !opt_.bind_address.empty() ? opt_.bind_address
+           : is_ipv4(opt_.host)       ? opt_.host
+                                      : "0.0.0.0";
+  }
+
   std::uint16_t port() const {
     return opt_.port != 0 ? opt_.port : static_cast<std::uint16_t>(29000 + opt_.rank % 1000);
   }
@@ -311,9 +365,7 @@ class CommunicatorImpl final : public Communicator {
                                                   " ranks, not " + std::to_string(opt_.world_size)};
     }
     TransportEndpoints at;
-    at.bind_address = !opt_.bind_address.empty() ? opt_.bind_address
-                      : is_ipv4(opt_.host)       ? opt_.host
-                                                 : "0.0.0.0";
+    at.bind_address = local_ip();
     at.port = port();
     at.leaf_address = t.leaf_address;
     at.payload_bytes = t.payload_bytes;
@@ -360,6 +412,112 @@ class CommunicatorImpl final : public Communicator {
            " and its own child index, as the switch was configured";
   }
 
+  // The request queue's runner: what the feed has, in order. Operations that go to the network
+  // stream through it back to back (stream()); any other runs alone (execute()).
+  void run_feed(Feed& feed) {
+    while (const Operation* next = feed.peek()) {
+      const Operation o = *next;
+      if (network_ready(o)) {
+        stream(feed);
+        continue;
+      }
+      feed.take();
+      feed.complete(execute(o));
+    }
+  }
+
+  // Whether `o` goes to the network now, with nothing in its way (execute_on_path() says why
+  // when it does not).
+  bool network_ready(const Operation& o) {
+    {
+      std::lock_guard lk(mu_);
+      if (path_ != Path::network) return false;
+    }
+    std::string why;
+    return offloadable(o.dtype, o.op) && !network_->broken() &&
+           !(manager_ && !manager_->tree_usable(&why));
+  }
+
+  // Operations the feed has for the network, back to back through the window (docs/host.md,
+  // "Pipelining"), each completed as its last result comes in. When the stream stops, the
+  // oldest operation not done and the later ones it had taken fall back (or fail) in order, as
+  // one operation on its own would.
+  void stream(Feed& feed) {
+    struct Item {
+      Operation op;
+      std::uint64_t index;             // op_index_: the same sequence on every rank
+      std::vector<std::uint8_t> kept;  // in-place input kept for a fallback
+    };
+    struct Source final : StreamSource {
+      Source(CommunicatorImpl& owner, Feed& f) : c(owner), feed(f) {}
+      bool next(Operation* out) override {
+        const Operation* o = feed.peek();
+        if (o == nullptr || !c.network_ready(*o)) return false;
+        Item it{*o, ++c.op_index_, {}};
+        if (c.opt_.path == Path::auto_select && o->send == o->recv) {
+          const auto* in = static_cast<const std::uint8_t*>(o->send);
+          it.kept.assign(in, in + o->count * dtype_size(o->dtype));
+        }
+        feed.take();
+        items.push_back(std::move(it));
+        *out = items.back().op;
+        return true;
+      }
+      void done() override {
+        const Item& it = items.front();
+        {
+          std::lock_guard lk(c.mu_);
+          c.stats_.retransmits = c.network_->retransmits();
+          ++c.stats_.network_ops;
+          c.stats_.bytes += it.op.count * dtype_size(it.op.dtype);
+        }
+        items.pop_front();
+        feed.complete(treeduce::Status::Ok());
+      }
+      CommunicatorImpl& c;
+      Feed& feed;
+      std::deque<Item> items;  // taken, not done
+    } src(*this, feed);
+    std::optional<Obstacle> failed;
+    try {
+      failed = network_->run_stream(src);
+    } catch (const std::exception& e) {
+      network_->set_broken();
+      while (!src.items.empty()) {
+        src.items.pop_front();
+        feed.complete(internal_error(std::string("Internal error: ") + e.what() + "."));
+      }
+      return;
+    }
+    {
+      std::lock_guard lk(mu_);
+      stats_.retransmits = network_->retransmits();
+    }
+    if (!failed) return;
+    failed->fatal = failed->fatal || stop_.load();
+    if (std::string gone;
+        failed->code == Code::deadline_exceeded && manager_ && !manager_->tree_usable(&gone)) {
+      failed->why += "; the Aggregation Manager says: " + as_phrase(gone);
+    }
+    const PathDecision d = decide_path(opt_.path, failed);
+    bool first = true;
+    while (!src.items.empty()) {
+      const Item& it = src.items.front();
+      const void* send = it.kept.empty() ? it.op.send : it.kept.data();
+      treeduce::Status s;
+      try {
+        // After the first has moved the communicator to the host path, the rest just run there.
+        s = first || path() == Path::network ? fall_back(it.op, d, send, it.index)
+                                             : run_host(it.op, send, it.index);
+      } catch (const std::exception& e) {
+        s = internal_error(std::string("Internal error: ") + e.what() + ".");
+      }
+      first = false;
+      src.items.pop_front();
+      feed.complete(std::move(s));
+    }
+  }
+
   // Runs one operation on the path it should take; one thread at a time (the request queue's).
   // Never throws: out of memory for an in-place copy, or a library throwing, fails the
   // operation and the process lives.
@@ -374,13 +532,13 @@ class CommunicatorImpl final : public Communicator {
   }
 
   treeduce::Status execute_on_path(const Operation& o) {
-    ++op_index_;
+    const std::uint64_t index = ++op_index_;
     Path p;
     {
       std::lock_guard lk(mu_);
       p = path_;
     }
-    if (p != Path::network) return run_host(o, o.send);
+    if (p != Path::network) return run_host(o, o.send, index);
 
     // Whatever stands in the network path's way before the operation starts.
     std::optional<Obstacle> before;
@@ -398,7 +556,7 @@ class CommunicatorImpl final : public Communicator {
                         "midway"};
       before->fatal = true;
     }
-    if (before) return fall_back(o, decide_path(opt_.path, before), o.send);
+    if (before) return fall_back(o, decide_path(opt_.path, before), o.send, index);
 
     // In place with a fallback possible: keep the input, since the network path overwrites it
     // chunk by chunk and a failed operation is redone on the host path from the same input.
@@ -425,11 +583,12 @@ class CommunicatorImpl final : public Communicator {
         failed->code == Code::deadline_exceeded && manager_ && !manager_->tree_usable(&gone)) {
       failed->why += "; the Aggregation Manager says: " + as_phrase(gone);
     }
-    return fall_back(o, decide_path(opt_.path, failed), keep ? saved_.data() : o.send);
+    return fall_back(o, decide_path(opt_.path, failed), keep ? saved_.data() : o.send, index);
   }
 
   // What the path policy decided for an operation the network path cannot take.
-  treeduce::Status fall_back(const Operation& o, const PathDecision& d, const void* send) {
+  treeduce::Status fall_back(const Operation& o, const PathDecision& d, const void* send,
+                             std::uint64_t index) {
     switch (d.verdict) {
       case Verdict::fail:
         return d.error;
@@ -443,16 +602,16 @@ class CommunicatorImpl final : public Communicator {
           std::lock_guard lk(mu_);
           stats_.fallback_reason = why;
         }
-        return run_host(o, send);
+        return run_host(o, send, index);
       }
       default:
         use_host(d.reason, true);
-        return run_host(o, send);
+        return run_host(o, send, index);
     }
   }
 
-  treeduce::Status run_host(const Operation& o, const void* send) {
-    treeduce::Status s = host_.run(o, send, op_index_);
+  treeduce::Status run_host(const Operation& o, const void* send, std::uint64_t index) {
+    treeduce::Status s = host_.run(o, send, index);
     if (s.ok()) {
       std::lock_guard lk(mu_);
       ++stats_.fallback_ops;

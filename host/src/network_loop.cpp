@@ -30,14 +30,59 @@ NetworkLoop::NetworkLoop(std::unique_ptr<Transport> transport, const EngineConfi
       stop_(stop) {}
 
 std::optional<Obstacle> NetworkLoop::run(const Operation& o) {
-  if (engine_.start(o.send, o.recv, o.count, o.dtype, o.op) != Status::running) {
-    return failure(Code::internal, "the protocol engine refused to start the operation");
-  }
-  const std::uint64_t deadline = now_ns() + std::uint64_t{op_timeout_ms_} * 1'000'000u;
+  struct One final : StreamSource {
+    explicit One(const Operation& o1) : op(o1) {}
+    bool next(Operation* out) override {
+      if (given) return false;
+      given = true;
+      *out = op;
+      return true;
+    }
+    void done() override {}
+    const Operation& op;
+    bool given = false;
+  } one(o);
+  return run_stream(one);
+}
+
+std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
+  std::size_t queued = 0;  // operations in the engine, not done
+  const std::uint64_t first_done = engine_.completed();
+  std::uint64_t reported = first_done;  // engine_.completed() already passed to src.done()
+  // Queue what the source has, up to kMaxStream in flight. Returns false when the engine
+  // refused an operation.
+  const auto fill = [&] {
+    Operation o;
+    while (queued < kMaxStream && src.next(&o)) {
+      if (engine_.enqueue(o.send, o.recv, o.count, o.dtype, o.op) != Status::running) return false;
+      ++queued;
+    }
+    return true;
+  };
+  if (!fill()) return failure(Code::internal, "the protocol engine refused to start the operation");
+  if (queued == 0) return std::nullopt;
+  const std::uint64_t timeout_ns = std::uint64_t{op_timeout_ms_} * 1'000'000u;
+  std::uint64_t deadline = now_ns() + timeout_ns;  // of the oldest operation not done
   const std::size_t cap = std::min(out_.size(), transport_->batch());
   std::string io;
   std::optional<Obstacle> abandoned;
-  while (engine_.status() == Status::running) {
+  for (;;) {
+    // Operations done, in order; then the next ones the source has.
+    if (engine_.completed() != reported) {
+      while (reported < engine_.completed()) {
+        ++reported;
+        --queued;
+        src.done();
+      }
+      deadline = now_ns() + timeout_ns;
+    }
+    if (engine_.status() == Status::running || engine_.status() == Status::done) {
+      if (!fill()) {
+        abandoned = failure(Code::internal, "the protocol engine refused to start the operation");
+        break;
+      }
+    }
+    if (engine_.status() != Status::running) break;
     const std::uint64_t t = now_ns();
     if (stop_.load()) {
       abandoned = failure(Code::cancelled, "the communicator was destroyed during the operation");
@@ -51,7 +96,8 @@ std::optional<Obstacle> NetworkLoop::run(const Operation& o) {
     }
     const std::size_t n = engine_.poll(t, out_.data(), cap);
     if (n != 0) io = transport_->send(out_.data(), n);
-    if (!io.empty() || engine_.status() != Status::running) break;
+    if (!io.empty()) break;
+    if (engine_.status() != Status::running) continue;
     const std::uint64_t until = std::min(engine_.next_deadline(), deadline);
     const std::uint64_t t2 = now_ns();
     const auto rx = transport_->receive(until > t2 ? until - t2 : 0, &io);
@@ -73,6 +119,7 @@ std::optional<Obstacle> NetworkLoop::run(const Operation& o) {
   }
   switch (engine_.status()) {
     case Status::done:
+    case Status::idle:
       return std::nullopt;
     case Status::timeout:
       return failure(Code::deadline_exceeded, no_answer());

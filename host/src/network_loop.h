@@ -1,6 +1,6 @@
-// The network loop: one operation on the in-network path. It drives the protocol engine
-// (protocol_engine.h) with a transport (transport.h) until the engine is done or gives up, the
-// operation's time runs out, or the communicator goes away.
+// The network loop: operations on the in-network path, one or several streamed back to back. It
+// drives the protocol engine (protocol_engine.h) with a transport (transport.h) until the engine
+// is done or gives up, an operation's time runs out, or the communicator goes away.
 #pragma once
 
 #include <array>
@@ -20,6 +20,20 @@ namespace treeduce::host {
 /// A chunk that gets no answer is sent 1 + kMaxRetries times (docs/host.md, "Failures").
 inline constexpr std::uint32_t kMaxRetries = 30;
 
+/// Where a stream of operations comes from and where their completions go.
+class StreamSource {
+ public:
+  virtual ~StreamSource() = default;
+  /// The next operation to queue behind those in flight, taken, or false (none now, or the next
+  /// one does not go to the network). Never blocks.
+  virtual bool next(Operation* o) = 0;
+  /// The oldest operation queued and not yet done has its result in its recv.
+  virtual void done() = 0;
+};
+
+/// Operations a stream holds in the engine at most.
+inline constexpr std::size_t kMaxStream = 1024;
+
 class NetworkLoop {
  public:
   /// `leaf_address` names the leaf in sentences; `peers` says what is known of the other ranks
@@ -32,6 +46,12 @@ class NetworkLoop {
   /// Runs `o` in the network: nullopt when its result is in o.recv, else why not (a phrase and
   /// a code; the path policy decides what follows).
   std::optional<Obstacle> run(const Operation& o);
+  /// Runs the source's operations through the engine back to back (pipelining): while some are
+  /// in flight it queues the next ones the source gives, and calls done() for each in order.
+  /// Returns when the source has nothing more and all are done (nullopt), or why the stream
+  /// stopped: then the oldest operation not done and every later one taken did not complete.
+  /// An operation's op_timeout_ms counts from when it becomes the oldest one not done.
+  std::optional<Obstacle> run_stream(StreamSource& src);
 
   /// The loop cannot run another operation: one was abandoned midway (the engine cannot abandon
   /// a collective, and the ranks may disagree on how far the stream got).

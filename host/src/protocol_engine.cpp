@@ -16,43 +16,62 @@ ProtocolEngine::ProtocolEngine(const EngineConfig& cfg)
 
 Status ProtocolEngine::start(const void* send, void* recv, std::size_t count, DType dtype,
                              ReduceOp op) {
-  if (status_ == Status::running || count == 0 || send == nullptr || recv == nullptr ||
+  if (status_ == Status::running) return Status::invalid;
+  return enqueue(send, recv, count, dtype, op);
+}
+
+Status ProtocolEngine::enqueue(const void* send, void* recv, std::size_t count, DType dtype,
+                               ReduceOp op) {
+  if (count == 0 || send == nullptr || recv == nullptr ||
       static_cast<std::size_t>(dtype) >= kNumDTypes ||
       static_cast<std::size_t>(op) >= kNumReduceOps || proto::check_slots(cfg_.slots) ||
       proto::check_payload_bytes(cfg_.payload_bytes)) {
     return Status::invalid;
   }
+  if (status_ != Status::running) {
+    // A new stream of collectives (after idle, done or a failure): nothing is in flight.
+    colls_.clear();
+    feed_ = 0;
+    nack_reason_ = proto::Reason::none;
+    for (auto& s : slots_) s = SlotState{};
+  }
   // The stream continues where the last collective ended: the window rule (send chunk c+S only
   // after the result of chunk c) must hold across collectives, or a fast host could overwrite a
-  // slot version another host still needs.
-  if (started_once_) {
-    base_ += static_cast<std::uint32_t>(nchunks_);
-    ++seq_;
-  }
+  // slot version another host still needs. A queued collective's chunks follow the previous
+  // collective's in the stream (docs/protocol.md, "Host behaviour", pipelining).
+  if (started_once_) ++seq_;
   started_once_ = true;
-  send_ = static_cast<const std::uint8_t*>(send);
-  recv_ = static_cast<std::uint8_t*>(recv);
-  count_ = count;
-  dtype_ = dtype;
-  op_ = op;
-  elems_per_chunk_ = cfg_.payload_bytes / dtype_size(dtype);
-  nchunks_ = (count + elems_per_chunk_ - 1) / elems_per_chunk_;
-  next_index_ = 0;
-  completed_ = 0;
-  nack_reason_ = proto::Reason::none;
-  for (auto& s : slots_) s = SlotState{};
+  Coll c;
+  c.send = static_cast<const std::uint8_t*>(send);
+  c.recv = static_cast<std::uint8_t*>(recv);
+  c.count = count;
+  c.dtype = dtype;
+  c.op = op;
+  c.elems_per_chunk = cfg_.payload_bytes / dtype_size(dtype);
+  c.nchunks = (count + c.elems_per_chunk - 1) / c.elems_per_chunk;
+  c.base = next_base_;
+  c.seq = seq_;
+  next_base_ += static_cast<std::uint32_t>(c.nchunks);
+  colls_.push_back(c);
   status_ = Status::running;
   return status_;
 }
 
+const ProtocolEngine::Coll* ProtocolEngine::coll_of(std::uint32_t seq) const noexcept {
+  if (colls_.empty()) return nullptr;
+  const std::uint32_t k = seq - colls_.front().seq;  // serial arithmetic
+  return k < colls_.size() ? &colls_[k] : nullptr;
+}
+
 OutPacket ProtocolEngine::make_packet(const SlotState& s) const {
-  const std::size_t first = s.index * elems_per_chunk_;
-  const std::size_t n = std::min(elems_per_chunk_, count_ - first);
+  const Coll& c = *coll_of(s.seq);
+  const std::size_t first = s.index * c.elems_per_chunk;
+  const std::size_t n = std::min(c.elems_per_chunk, c.count - first);
   proto::TdHdr h{};
   h.version = proto::kProtocolVersion;
   h.opcode = static_cast<std::uint8_t>(proto::Opcode::contrib);
-  h.dtype = static_cast<std::uint8_t>(dtype_);
-  h.op = static_cast<std::uint8_t>(op_);
+  h.dtype = static_cast<std::uint8_t>(c.dtype);
+  h.op = static_cast<std::uint8_t>(c.op);
   h.tree_id.set(cfg_.tree_id);
   h.child.set(cfg_.child_index);
   h.slot.set(static_cast<std::uint16_t>(s.chunk & slot_mask_));
@@ -60,23 +79,28 @@ OutPacket ProtocolEngine::make_packet(const SlotState& s) const {
   h.count.set(static_cast<std::uint16_t>(n));
   h.ncontrib.set(std::uint16_t{1});
   h.chunk.set(s.chunk);
-  h.seq.set(seq_);
+  h.seq.set(s.seq);
   h.key.set(cfg_.key);
-  return OutPacket{h, send_ + first * dtype_size(dtype_),
-                   static_cast<std::uint32_t>(n * dtype_size(dtype_))};
+  return OutPacket{h, c.send + first * dtype_size(c.dtype),
+                   static_cast<std::uint32_t>(n * dtype_size(c.dtype))};
 }
 
 std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t cap) {
   if (status_ != Status::running) return 0;
   std::size_t n = 0;
-  // Give free slots to the next chunks, in stream order: chunk c goes to slot c mod S, which is
-  // free only once the result of chunk c - S is in.
-  while (next_index_ < nchunks_) {
-    const std::uint32_t chunk = base_ + static_cast<std::uint32_t>(next_index_);
+  // Give free slots to the next chunks, in stream order and across collectives: chunk c goes to
+  // slot c mod S, which is free only once the result of chunk c - S is in.
+  while (feed_ < colls_.size()) {
+    Coll& c = colls_[feed_];
+    if (c.next_index == c.nchunks) {
+      ++feed_;
+      continue;
+    }
+    const std::uint32_t chunk = c.base + static_cast<std::uint32_t>(c.next_index);
     SlotState& s = slots_[chunk & slot_mask_];
     if (s.active) break;
-    s = SlotState{true, chunk, next_index_, 0, cfg_.rto_initial_ns, 0, true};
-    ++next_index_;
+    s = SlotState{true, chunk, c.seq, c.next_index, 0, cfg_.rto_initial_ns, 0, true};
+    ++c.next_index;
   }
   for (auto& s : slots_) {
     if (n == cap) break;
@@ -109,14 +133,14 @@ void ProtocolEngine::finish(Status st) {
 void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* payload,
                                std::size_t len) {
   const std::uint32_t chunk = td.chunk.get();
-  if (status_ != Status::running || td.version != proto::kProtocolVersion ||
-      td.tree_id.get() != cfg_.tree_id || td.seq.get() != seq_ ||
+  const Coll* cp = status_ == Status::running ? coll_of(td.seq.get()) : nullptr;
+  if (cp == nullptr || td.version != proto::kProtocolVersion || td.tree_id.get() != cfg_.tree_id ||
       td.child.get() != cfg_.child_index) {
     ++stats_.ignored;
     return;
   }
   SlotState& s = slots_[chunk & slot_mask_];
-  const bool current = s.active && s.chunk == chunk;
+  const bool current = s.active && s.chunk == chunk && s.seq == td.seq.get();
   if (td.opcode == static_cast<std::uint8_t>(proto::Opcode::nack)) {
     // A NACK names a chunk we sent (NACKs carry no key). Only one for a chunk still in flight
     // can fail the collective: a late NACK for a finished chunk says nothing new.
@@ -138,26 +162,38 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
     ++stats_.duplicates;
     return;
   }
-  const std::size_t first = s.index * elems_per_chunk_;
-  const std::size_t n = std::min(elems_per_chunk_, count_ - first);
-  if (td.dtype != static_cast<std::uint8_t>(dtype_) || td.op != static_cast<std::uint8_t>(op_) ||
-      td.count.get() != n || len != n * dtype_size(dtype_) || td.ncontrib.get() != cfg_.world ||
+  const std::size_t k = td.seq.get() - colls_.front().seq;
+  Coll& c = colls_[k];
+  const std::size_t first = s.index * c.elems_per_chunk;
+  const std::size_t n = std::min(c.elems_per_chunk, c.count - first);
+  if (td.dtype != static_cast<std::uint8_t>(c.dtype) || td.op != static_cast<std::uint8_t>(c.op) ||
+      td.count.get() != n || len != n * dtype_size(c.dtype) || td.ncontrib.get() != cfg_.world ||
       td.slot.get() != (chunk & slot_mask_)) {
     finish(Status::bad_result);
     return;
   }
-  std::memcpy(recv_ + first * dtype_size(dtype_), payload, len);
+  std::memcpy(c.recv + first * dtype_size(c.dtype), payload, len);
   s.active = false;
   ++stats_.results;
-  if (++completed_ == nchunks_) status_ = Status::done;
+  ++c.completed;
+  // Collectives complete in queue order: a later one whose chunks are all in waits for the
+  // earlier ones.
+  while (!colls_.empty() && colls_.front().completed == colls_.front().nchunks) {
+    colls_.pop_front();
+    ++done_total_;
+    if (feed_ > 0) --feed_;
+  }
+  if (colls_.empty()) status_ = Status::done;
 }
 
 std::uint64_t ProtocolEngine::next_deadline() const noexcept {
   if (status_ != Status::running) return std::numeric_limits<std::uint64_t>::max();
   std::uint64_t d = std::numeric_limits<std::uint64_t>::max();
-  if (next_index_ < nchunks_ &&
-      !slots_[(base_ + static_cast<std::uint32_t>(next_index_)) & slot_mask_].active) {
-    return 0;
+  for (std::size_t i = feed_; i < colls_.size(); ++i) {
+    const Coll& c = colls_[i];
+    if (c.next_index == c.nchunks) continue;
+    if (!slots_[(c.base + static_cast<std::uint32_t>(c.next_index)) & slot_mask_].active) return 0;
+    break;
   }
   for (const auto& s : slots_) {
     if (!s.active) continue;

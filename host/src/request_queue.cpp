@@ -1,8 +1,9 @@
 // RequestQueue (request_queue.h): operations in start order, on the progress thread or, for a
-// blocking call with nothing ahead of it, on the caller's.
+// blocking call with nothing ahead of it, on the caller's; completed in order.
 #include "request_queue.h"
 
 #include <optional>
+#include <vector>
 
 namespace treeduce::host {
 
@@ -10,8 +11,55 @@ namespace {
 const char kDestroyed[] = "The communicator was destroyed before the operation ran.";
 }
 
-RequestQueue::RequestQueue(Runner run, bool caller_runs)
-    : run_(std::move(run)), caller_runs_(caller_runs), progress_([this] { progress(); }) {}
+// The progress thread's feed: the queue's operations, taken under the lock.
+class RequestQueue::QueueFeed final : public Feed {
+ public:
+  explicit QueueFeed(RequestQueue& q) : q_(q) {}
+  const Operation* peek() override {
+    std::lock_guard lk(q_.mu_);
+    if (q_.stopping_ || q_.queue_.empty()) return nullptr;
+    return &q_.queue_.front()->op;
+  }
+  void take() override {
+    std::lock_guard lk(q_.mu_);
+    taken_.push_back(q_.queue_.front());
+    q_.queue_.pop_front();
+  }
+  void complete(treeduce::Status s) override {
+    std::lock_guard lk(q_.mu_);
+    Pending* p = taken_[done_++];
+    p->status = std::move(s);
+    p->done = true;
+    q_.done_cv_.notify_all();
+  }
+  bool all_done() const { return done_ == taken_.size(); }
+
+ private:
+  RequestQueue& q_;
+  std::vector<Pending*> taken_;  // in order; [done_, end) are running
+  std::size_t done_ = 0;
+};
+
+// A blocking call's feed on the caller's thread: its one operation.
+class RequestQueue::SingleFeed final : public Feed {
+ public:
+  explicit SingleFeed(const Operation& o) : op_(o) {}
+  const Operation* peek() override { return taken_ ? nullptr : &op_; }
+  void take() override { taken_ = true; }
+  void complete(treeduce::Status s) override { status_ = std::move(s); }
+  treeduce::Status status() { return std::move(status_); }
+
+ private:
+  const Operation& op_;
+  bool taken_ = false;
+  treeduce::Status status_;
+};
+
+RequestQueue::RequestQueue(Runner run, bool caller_runs, std::function<void()> kick)
+    : run_(std::move(run)),
+      caller_runs_(caller_runs),
+      kick_(std::move(kick)),
+      progress_([this] { progress(); }) {}
 
 RequestQueue::~RequestQueue() { stop(); }
 
@@ -25,7 +73,7 @@ void RequestQueue::stop() {
 }
 
 Request RequestQueue::start(const Operation& o) {
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
   const Request id = next_request_++;
   Pending& p = pending_[id];
   p.op = o;
@@ -37,6 +85,10 @@ Request RequestQueue::start(const Operation& o) {
   } else {
     queue_.push_back(&p);
     work_cv_.notify_one();
+    if (busy_ && kick_) {
+      lk.unlock();
+      kick_();
+    }
   }
   return id;
 }
@@ -50,7 +102,9 @@ treeduce::Status RequestQueue::run(const Operation& o) {
       // progress thread waits for busy_ to clear before it takes them.
       busy_ = true;
       lk.unlock();
-      treeduce::Status s = run_(o);
+      SingleFeed feed(o);
+      run_(feed);
+      treeduce::Status s = feed.status();
       lk.lock();
       busy_ = false;
       if (!queue_.empty()) work_cv_.notify_one();
@@ -96,16 +150,13 @@ void RequestQueue::progress() {
       done_cv_.notify_all();
       return;
     }
-    Pending* p = queue_.front();
-    queue_.pop_front();
     busy_ = true;
     lk.unlock();
-    treeduce::Status s = run_(p->op);
+    QueueFeed feed(*this);
+    run_(feed);
     lk.lock();
     busy_ = false;
-    p->status = std::move(s);
-    p->done = true;
-    done_cv_.notify_all();
+    if (!feed.all_done()) std::abort();  // a runner that leaves a request pending: a bug
   }
 }
 

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -276,21 +277,24 @@ void print_header(const Communicator& comm, const std::vector<std::string>& comp
   std::string with;
   for (const std::string& b : compare) {
     with += with.empty() ? "; compared with " : ", ";
-    with += b == "gloo" ? "gloo (Gloo's ring allreduce over TCP)" : "mpi (MPI_Allreduce)";
+    with += b == "gloo"         ? "gloo (Gloo's ring allreduce over TCP)"
+            : b == "sequential" ? "sequential (the same allreduces one after the other; treeduce "
+                                  "= issued non-blocking, then waited for; times per allreduce)"
+                                : "mpi (MPI_Allreduce)";
   }
   std::printf("# treeduce-perf: %u ranks, path %s%s%s%s\n", comm.world_size(),
               comm.path() == host::Path::network ? "network" : "host",
               comm.path_reason().empty() ? "" : ": ", comm.path_reason().c_str(), with.c_str());
   if (compare.empty()) {
-    std::printf("#%12s %12s %6s %5s %11s %11s %11s %8s %7s\n", "size", "count", "type", "op",
-                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "path", "wrong");
+    std::printf("#%12s %12s %6s %5s %11s %11s %11s %8s %7s %7s\n", "size", "count", "type", "op",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "path", "retx", "wrong");
     return;
   }
   // A line naming the column groups, then the columns; x = baseline time / treeduce time.
-  std::printf("#%38s %32s", "", "treeduce");
+  std::printf("#%38s %40s", "", "treeduce");
   for (const std::string& b : compare) std::printf(" %31s", b.c_str());
-  std::printf("\n#%12s %12s %6s %5s %11s %11s %8s", "size", "count", "type", "op", "time(us)",
-              "algbw(GB/s)", "path");
+  std::printf("\n#%12s %12s %6s %5s %11s %11s %8s %7s", "size", "count", "type", "op", "time(us)",
+              "algbw(GB/s)", "path", "retx");
   for (std::size_t i = 0; i < compare.size(); ++i)
     std::printf(" %11s %11s %7s", "time(us)", "algbw(GB/s)", "x");
   std::printf(" %7s\n", "wrong");
@@ -303,11 +307,11 @@ void print_table_row(const Row& r, const std::vector<Outcome>& outs) {
   std::printf(" %12s %12zu %6s %5s %11.1f %11.3f", human(r.nbytes).c_str(), r.count,
               name(r.dtype).data(), name(r.op).data(), td.timing.mean_us, algbw(r, td.timing));
   if (outs.size() == 1) {
-    std::printf(" %11.3f %8s %7lld\n", algbw(r, td.timing) * tree_bus(r.world), r.path,
-                static_cast<long long>(wrong));
+    std::printf(" %11.3f %8s %7llu %7lld\n", algbw(r, td.timing) * tree_bus(r.world), r.path,
+                static_cast<unsigned long long>(r.retransmits), static_cast<long long>(wrong));
     return;
   }
-  std::printf(" %8s", r.path);
+  std::printf(" %8s %7llu", r.path, static_cast<unsigned long long>(r.retransmits));
   const bool td_ok = usable(td) && td.timing.mean_us > 0;
   for (std::size_t i = 1; i < outs.size(); ++i) {
     const Outcome& b = outs[i];
@@ -329,6 +333,7 @@ void print_table_row(const Row& r, const std::vector<Outcome>& outs) {
 struct Config {
   std::uint64_t min_bytes = 1024, max_bytes = 4 << 20, factor = 4;
   int iters = 10, warmup = 2;
+  int back_to_back = 0;  // > 0: that many allreduces per iteration, non-blocking vs sequential
   bool check = true, json = false;
   std::uint64_t seed = 1;
   std::vector<DType> dtypes;
@@ -348,6 +353,7 @@ class Sweep {
         std::FILE* json_out)
       : cfg_(cfg), comm_(comm), baselines_(std::move(baselines)), json_out_(json_out) {
     accounts_.push_back({"treeduce"});
+    if (cfg_.back_to_back > 0) accounts_.push_back({"sequential"});
     for (const auto& b : baselines_) accounts_.push_back({std::string(b->name())});
   }
 
@@ -375,11 +381,15 @@ class Sweep {
     }
     std::vector<Outcome> outs;
     const host::Stats before = comm_.stats();
-    outs.push_back(run_backend("treeduce", d, op, count, [&] {
-      const Result r = comm_.allreduce(send_.data(), recv_.data(), count, d, op);
-      return r == Result::ok ? std::string()
-                             : std::string(host::to_string(r)) + ": " + comm_.last_error();
-    }));
+    if (cfg_.back_to_back > 0) {
+      run_back_to_back(d, op, count, &outs);
+    } else {
+      outs.push_back(run_backend("treeduce", d, op, count, [&] {
+        const Result r = comm_.allreduce(send_.data(), recv_.data(), count, d, op);
+        return r == Result::ok ? std::string()
+                               : std::string(host::to_string(r)) + ": " + comm_.last_error();
+      }));
+    }
     const host::Stats after = comm_.stats();
     for (std::size_t i = 0; i < baselines_.size(); ++i) {
       Baseline* b = dead_[i] ? nullptr : baselines_[i].get();
@@ -401,7 +411,7 @@ class Sweep {
     // A baseline that failed on any rank is dropped on every rank, from the summed counts that
     // every rank has: one rank leaving a collective the others still call would hang them.
     for (std::size_t i = 0; i < baselines_.size(); ++i) {
-      if (outs[i + 1].failed != 0) dead_[i] = true;
+      if (outs[i + 1 + (cfg_.back_to_back > 0)].failed != 0) dead_[i] = true;
     }
     if (rank != 0) return;
     // The path this row took, from the counters (the path now may differ after a fallback).
@@ -421,6 +431,59 @@ class Sweep {
                   comm_.stats().fallback_ops,
                   after.retransmits - before.retransmits};
     report(row, outs);
+  }
+
+  // --back-to-back N: N allreduces of the row per iteration into N receive buffers, issued
+  // non-blocking and then waited for in order ("treeduce"), and the same N one after the other
+  // ("sequential", in the baseline's place: its x is the speed-up of back to back). Times are
+  // per allreduce; every element of every buffer is checked.
+  void run_back_to_back(DType d, ReduceOp op, std::size_t count, std::vector<Outcome>* outs) {
+    const std::size_t n = static_cast<std::size_t>(cfg_.back_to_back);
+    many_.resize(n);
+    std::vector<host::Request> req(n);
+    const auto error = [&](Result r) {
+      return std::string(host::to_string(r)) + ": " + comm_.last_error();
+    };
+    const auto pipelined = [&]() -> std::string {
+      std::string err;
+      std::size_t started = 0;
+      for (; started < n; ++started) {
+        const Result r =
+            comm_.iallreduce(send_.data(), many_[started].data(), count, d, op, &req[started]);
+        if (r != Result::ok) {
+          err = error(r);
+          break;
+        }
+      }
+      for (std::size_t k = 0; k < started; ++k)  // every started one is waited for
+        if (const Result r = comm_.wait(req[k]); r != Result::ok && err.empty()) err = error(r);
+      return err;
+    };
+    const auto sequential = [&]() -> std::string {
+      for (std::size_t k = 0; k < n; ++k)
+        if (const Result r = comm_.allreduce(send_.data(), many_[k].data(), count, d, op);
+            r != Result::ok)
+          return error(r);
+      return {};
+    };
+    for (const auto& [label, once] :
+         {std::pair<const char*, std::function<std::string()>>{"treeduce", pipelined},
+          {"sequential", sequential}}) {
+      for (auto& b : many_) b.assign(send_.size(), 0xA5);
+      Outcome o{label, measure(cfg_.warmup, cfg_.iters, once)};
+      o.timing.mean_us /= static_cast<double>(n);
+      o.timing.min_us /= static_cast<double>(n);
+      if (!o.timing.error.empty()) {
+        std::fprintf(stderr, "treeduce-perf: rank %u: %s: %zu x %s %s of %zu elements failed: %s\n",
+                     comm_.rank(), label, n, name(d).data(), name(op).data(), count,
+                     o.timing.error.c_str());
+        o.failed = 1;
+      } else if (cfg_.check) {
+        for (const auto& b : many_)
+          o.wrong += count_wrong(label, comm_.rank(), d, op, b, want_, count);
+      }
+      outs->push_back(std::move(o));
+    }
   }
 
   template <class F>
@@ -460,6 +523,7 @@ class Sweep {
   std::FILE* json_out_;
   std::vector<Account> accounts_;
   std::vector<std::uint8_t> send_, recv_, want_;
+  std::vector<std::vector<std::uint8_t>> many_;  // --back-to-back's receive buffers
 };
 
 // Rank 0's closing lines: treeduce's as before baselines existed, then one per baseline.
@@ -542,6 +606,10 @@ int main(int argc, char** argv) {
   app.add_option("-w,--warmup", cfg.warmup, "untimed iterations first")->check(CLI::Range(0, 1000));
   app.add_option("-c,--check", cfg.check, "check every result (1) or not (0)");
   app.add_option("--seed", cfg.seed, "input seed");
+  app.add_option("--back-to-back", cfg.back_to_back,
+                 "N allreduces per iteration issued non-blocking then waited for, against the "
+                 "same N one after the other (the x column: sequential time / back-to-back time)")
+      ->check(CLI::Range(1, 1024));
   app.add_flag("--json", cfg.json, "one JSON object per row instead of the table");
   app.add_option("--json-out", json_out_path,
                  "rank 0 also appends one JSON object per row to this file (JSON Lines)");
@@ -563,6 +631,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> names;
   if (const std::string why = parse_compare(compare, &names); !why.empty()) {
     std::fprintf(stderr, "treeduce-perf: %s\n", why.c_str());
+    return 2;
+  }
+  if (cfg.back_to_back > 0 && !names.empty()) {
+    std::fprintf(stderr,
+                 "treeduce-perf: --back-to-back compares treeduce with itself; run "
+                 "--compare in another run.\n");
     return 2;
   }
 
@@ -609,6 +683,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const bool lead = comm->rank() == 0;
+  if (cfg.back_to_back > 0) names.push_back("sequential");  // the header's second group
   if (lead && !cfg.json) print_header(*comm, names);
   Sweep sweep(cfg, *comm, std::move(baselines), json_out.get());
   sweep.run();

@@ -479,6 +479,51 @@ TEST(Communicator, ManagerAddressNeedsAPort) {
   }
 }
 
+// Many operations in flight at once (pipelined through the window), some in place, issued by one
+// thread and waited for by another, under 10% loss: each completes exactly, in start order.
+TEST(Communicator, PipelinedOperationsUnderLossIssuedAndWaitedOnDifferentThreads) {
+  constexpr std::uint32_t kWorld = 3, kOps = 24;
+  FakeSwitch sw({.world = kWorld, .slots = 4, .loss = 0.1});
+  run_ranks(kWorld, [&](std::uint32_t rank) {
+    auto comm = make(sw.options(rank, "pipelined", Path::auto_select));
+    ASSERT_NE(comm, nullptr);
+    ASSERT_EQ(comm->path(), Path::network) << comm->path_reason();
+    std::vector<exact::Case> cases;
+    std::vector<CaseData> data;
+    std::vector<std::vector<std::uint8_t>> out(kOps);
+    for (std::uint32_t i = 0; i < kOps; ++i) {
+      // 1 to 4 chunks each: several collectives share the 4-slot window.
+      cases.push_back({i % 3 == 0 ? DType::i32 : DType::f32, ReduceOp::sum, 1 + 61 * i, i});
+      data.emplace_back(cases.back(), rank, kWorld, 7);
+      out[i] = i % 4 == 1 ? data[i].in : std::vector<std::uint8_t>(data[i].in.size(), 0xA5);
+    }
+    std::vector<Request> req(kOps);
+    std::atomic<std::uint32_t> issued{0};
+    std::vector<std::uint32_t> finished;  // by the waiting thread, in the order it saw them
+    std::thread waiter([&] {
+      for (std::uint32_t i = 0; i < kOps; ++i) {
+        while (issued.load() <= i) std::this_thread::yield();
+        EXPECT_EQ(comm->wait(req[i]), Result::ok) << comm->last_error();
+        finished.push_back(i);
+      }
+    });
+    for (std::uint32_t i = 0; i < kOps; ++i) {
+      const void* send = i % 4 == 1 ? out[i].data() : data[i].in.data();
+      ASSERT_EQ(comm->iallreduce(send, out[i].data(), cases[i].count, cases[i].dtype, cases[i].op,
+                                 &req[i]),
+                Result::ok);
+      issued.store(i + 1);
+    }
+    waiter.join();
+    for (std::uint32_t i = 0; i < kOps; ++i)
+      EXPECT_EQ(out[i], data[i].want) << "operation " << i << " rank " << rank;
+    EXPECT_EQ(finished.size(), kOps);
+    const Stats st = comm->stats();
+    EXPECT_EQ(st.network_ops, kOps);
+    EXPECT_EQ(st.fallback_ops, 0u);
+  });
+}
+
 TEST(Communicator, RecoversFromLoss) {
   constexpr std::uint32_t kWorld = 3;
   FakeSwitch sw({.world = kWorld, .loss = 0.1});
@@ -583,6 +628,44 @@ TEST(Communicator, DeadSwitchFallsBackToHost) {
               std::string::npos)
         << err;
   }
+}
+
+// Several operations in flight when the switch dies: the oldest not done and every later one
+// fall back in start order, each exact (in place ones from the kept input), warned once.
+TEST(Communicator, DeadSwitchWithPipelinedOperationsFallsBackInOrder) {
+  constexpr std::uint32_t kWorld = 2, kOps = 6;
+  FakeSwitch sw({.world = kWorld, .die_after = 40});
+  TempDir store;
+  ::testing::internal::CaptureStderr();
+  run_ranks(kWorld, [&](std::uint32_t rank) {
+    Options o = sw.options(rank, "dead-pipelined", Path::auto_select);
+    o.fallback_store = store.path();
+    auto comm = make(o);
+    ASSERT_NE(comm, nullptr);
+    std::vector<CaseData> data;
+    std::vector<std::vector<std::uint8_t>> out(kOps);
+    std::vector<Request> req(kOps);
+    for (std::uint32_t i = 0; i < kOps; ++i) {
+      const exact::Case c{DType::f32, ReduceOp::sum, 3000 + i, i};
+      data.emplace_back(c, rank, kWorld);
+      out[i] = i % 2 ? data[i].in : std::vector<std::uint8_t>(data[i].in.size(), 0);
+      ASSERT_EQ(comm->iallreduce(i % 2 ? out[i].data() : data[i].in.data(), out[i].data(), c.count,
+                                 c.dtype, c.op, &req[i]),
+                Result::ok);
+    }
+    for (std::uint32_t i = 0; i < kOps; ++i) {
+      EXPECT_EQ(comm->wait(req[i]), Result::ok) << comm->last_error();
+      EXPECT_EQ(out[i], data[i].want) << "operation " << i << " rank " << rank;
+    }
+    const Stats s = comm->stats();
+    EXPECT_EQ(s.network_ops + s.fallback_ops, kOps);
+    EXPECT_GT(s.fallback_ops, 0u);
+    EXPECT_EQ(comm->path(), Path::host);
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string warn = "treeduce: warning: rank 0 falls back";
+  ASSERT_NE(err.find(warn), std::string::npos) << err;
+  EXPECT_EQ(err.find(warn, err.find(warn) + 1), std::string::npos) << err;  // said once
 }
 
 // A tree whose leaf (a Tofino-like model) reduces 32-bit integer sum, min and max only: every

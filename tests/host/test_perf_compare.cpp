@@ -283,6 +283,39 @@ TEST(PerfCompare, GlooWithoutMpirun) {
   EXPECT_TRUE(fs::is_empty(dir.path() + "/store"));
 }
 
+// --back-to-back: two ranks on the host path, 8 allreduces per iteration non-blocking and then
+// sequential; both groups verified, and the JSON row has both with a speed-up.
+TEST(PerfCompare, BackToBack) {
+  TempDir dir;
+  const std::string jsonl = dir.path() + "/rows.jsonl";
+  std::vector<Child> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(spawn(
+        std::vector<std::string>{TREEDUCE_PERF_BIN} +
+            words("-b 4096 -e 4096 -d i32 -o sum -n 2 -w 1 --back-to-back 8 --json-out " + jsonl),
+        child_env({"TREEDUCE_JOB=" + unique_job("b2b"), "TREEDUCE_RANK=" + std::to_string(r),
+                   "TREEDUCE_WORLD_SIZE=2", "TREEDUCE_PATH=host",
+                   "TREEDUCE_FALLBACK_STORE=" + dir.path() + "/store"}),
+        dir.path() + "/rank" + std::to_string(r)));
+  }
+  for (Child& c : ranks) {
+    ASSERT_TRUE(wait_for(c, std::chrono::seconds(240))) << logs(c);
+    EXPECT_EQ(c.status, 0) << logs(c);
+  }
+  const std::vector<json> rows = read_json_lines(jsonl);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["treeduce"]["wrong"].get<long>(), 0);
+  EXPECT_EQ(rows[0]["sequential"]["wrong"].get<long>(), 0);
+  EXPECT_FALSE(rows[0]["sequential"]["speedup"].is_null());
+  const std::string out = read_file(ranks[0].out);
+  EXPECT_NE(out.find("# sequential: verified: 0 wrong elements"), std::string::npos) << out;
+  // --compare and --back-to-back do not mix: one sentence, exit code 2.
+  Child bad = spawn({TREEDUCE_PERF_BIN, "--back-to-back", "4", "--compare", "gloo"}, child_env({}),
+                    dir.path() + "/bad");
+  ASSERT_TRUE(wait_for(bad, std::chrono::seconds(30))) << logs(bad);
+  EXPECT_EQ(bad.status, 2) << logs(bad);
+}
+
 // The whole comparison: four ranks under mpirun, every dtype x sum/min/max, libtreeduce (host
 // path), Gloo's ring and MPI_Allreduce on each row; every element of every backend right.
 TEST(PerfCompare, GlooAndMpiUnderMpirun) {
@@ -322,13 +355,15 @@ TEST(PerfCompare, GlooAndMpiUnderMpirun) {
   EXPECT_EQ(rows.size(), 2u * 6 * 3);
   EXPECT_EQ(cases_of(rows), sweep({1024, 65536}, kAllTypes, {"sum", "min", "max"}));
   // The table: one row per JSON object, each of size (2 words), count, type, op, treeduce's
-  // time, algbw, path, then time, algbw, x per baseline, then wrong (0).
+  // time, algbw, path, retransmissions (0 on the host path), then time, algbw, x per baseline,
+  // then wrong (0).
   const std::string out = read_file(c.out);
   const auto table = table_rows(out);
   EXPECT_EQ(table.size(), rows.size()) << out;
   for (const auto& cols : table) {
-    ASSERT_EQ(cols.size(), 15u) << out;
+    ASSERT_EQ(cols.size(), 16u) << out;
     EXPECT_EQ(cols[7], "host") << out;
+    EXPECT_EQ(cols[8], "0") << out;
     EXPECT_EQ(cols.back(), "0") << out;
   }
   EXPECT_NE(out.find("# gloo: verified: 0 wrong elements"), std::string::npos) << out;

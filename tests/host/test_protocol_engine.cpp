@@ -73,6 +73,48 @@ TEST(ProtocolEngine, WindowSlotsAndCompletion) {
   EXPECT_EQ(p[0].td.seq.get(), 1u);
 }
 
+// Queued collectives stream through the window: the next one's chunks take the slots the last
+// one frees, each carries its own seq, and they complete in queue order even when a later one's
+// results come first.
+TEST(ProtocolEngine, QueuedCollectivesShareTheWindowAndCompleteInOrder) {
+  ProtocolEngine e(cfg());  // 2 slots, 256-byte payloads
+  std::vector<float> a(64, 1.f), b(64, 2.f), c(128, 3.f);
+  std::vector<float> ra(64), rb(64), rc(128);
+  ASSERT_EQ(e.enqueue(a.data(), ra.data(), a.size(), DType::f32, ReduceOp::sum), Status::running);
+  ASSERT_EQ(e.enqueue(b.data(), rb.data(), b.size(), DType::f32, ReduceOp::sum), Status::running);
+  ASSERT_EQ(e.enqueue(c.data(), rc.data(), c.size(), DType::f32, ReduceOp::sum), Status::running);
+  EXPECT_EQ(e.in_flight(), 3u);
+  OutPacket p[8];
+  ASSERT_EQ(e.poll(0, p, 8), 2u);  // a's only chunk and b's share the 2-slot window
+  EXPECT_EQ(p[0].td.chunk.get(), 0u);
+  EXPECT_EQ(p[0].td.seq.get(), 0u);
+  EXPECT_EQ(p[1].td.chunk.get(), 1u);
+  EXPECT_EQ(p[1].td.seq.get(), 1u);
+  // b's result first: b is complete but waits for a; c's chunk 2 needs slot 0, still a's.
+  e.on_packet(result_for(p[1]), p[1].payload, p[1].payload_len);
+  EXPECT_EQ(e.completed(), 0u);
+  OutPacket q[8];
+  EXPECT_EQ(e.poll(1, q, 8), 0u);
+  e.on_packet(result_for(p[0]), p[0].payload, p[0].payload_len);
+  EXPECT_EQ(e.completed(), 2u);  // a, then b at once
+  EXPECT_EQ(ra, a);
+  EXPECT_EQ(rb, b);
+  EXPECT_EQ(e.status(), Status::running);
+  ASSERT_EQ(e.poll(2, q, 8), 2u);  // both of c's chunks, in the slots a and b freed
+  EXPECT_EQ(q[0].td.chunk.get(), 2u);
+  EXPECT_EQ(q[0].td.seq.get(), 2u);
+  EXPECT_EQ(q[1].td.chunk.get(), 3u);
+  e.on_packet(result_for(q[1]), q[1].payload, q[1].payload_len);
+  EXPECT_EQ(e.completed(), 2u);
+  e.on_packet(result_for(q[0]), q[0].payload, q[0].payload_len);
+  EXPECT_EQ(e.completed(), 3u);
+  EXPECT_EQ(e.status(), Status::done);
+  EXPECT_EQ(rc, c);
+  // A late duplicate of a finished collective's result is not a new one.
+  e.on_packet(result_for(q[0]), q[0].payload, q[0].payload_len);
+  EXPECT_EQ(e.completed(), 3u);
+}
+
 TEST(ProtocolEngine, RetransmitsWithExponentialBackoffThenTimesOut) {
   ProtocolEngine e(cfg());
   std::vector<float> in(10), out(10);

@@ -32,6 +32,7 @@ struct Scenario {
   std::uint64_t data_seed = 42;  ///< inputs
   std::uint16_t tree_id = 7;
   std::uint64_t key = 0xC0FFEE;
+  std::uint32_t pipeline = 0;  ///< JobSpec::pipeline: collectives queued ahead per host
 };
 
 inline std::string describe(const Scenario& s) {
@@ -121,6 +122,7 @@ inline JobSpec make_job(const Scenario& s, TopoNode root, std::mt19937_64& rng) 
   j.deterministic = s.deterministic;
   j.slots = s.slots;
   j.payload_bytes = s.payload_bytes;
+  j.pipeline = s.pipeline;
   j.root = std::move(root);
   const std::size_t hosts = count_hosts(j.root);
   const bool from_exact = uses_exact_inputs(s, hosts);
@@ -231,7 +233,8 @@ inline void expect_exact_counts(Fabric& fab, const JobSpec& spec, const TopoNode
 /// Build, run and check one scenario. Returns the results of the first host (for cross-seed
 /// comparisons).
 inline std::vector<std::vector<std::uint8_t>> run_scenario(const Scenario& s,
-                                                           FabricStats* stats = nullptr) {
+                                                           FabricStats* stats = nullptr,
+                                                           std::uint64_t* end_ns = nullptr) {
   const std::string what = describe(s);
   Fabric fab(s.seed, s.link);
   std::mt19937_64 rng(s.data_seed);
@@ -247,6 +250,7 @@ inline std::vector<std::vector<std::uint8_t>> run_scenario(const Scenario& s,
   expect_results(fab, job, what);
   expect_exact_counts(fab, fab.job(job), fab.job(job).root, true, what);
   if (stats != nullptr) *stats = fab.stats();
+  if (end_ns != nullptr) *end_ns = fab.now();
   return fab.hosts(job)[0]->outputs;
 }
 

@@ -195,15 +195,12 @@ void Fabric::check_result(const std::uint8_t* frame, std::size_t len) {
 
 void Fabric::start_collective(HostNode& h) {
   const JobSpec& spec = jobs_[static_cast<std::size_t>(h.job)];
-  if (h.collective >= spec.inputs.size()) {
-    h.finished = true;
-    h.final_status = host::Status::done;
-    return;
-  }
   const auto& in = spec.inputs[h.collective][h.index];
   h.outputs[h.collective].assign(in.size(), 0xEE);
-  const host::Status st = h.engine->start(in.data(), h.outputs[h.collective].data(),
-                                          in.size() / dtype_size(spec.dtype), spec.dtype, spec.op);
+  const host::Status st =
+      h.engine->enqueue(in.data(), h.outputs[h.collective].data(),
+                        in.size() / dtype_size(spec.dtype), spec.dtype, spec.op);
+  ++h.collective;
   if (st != host::Status::running) {
     h.finished = true;
     h.final_status = st;
@@ -212,19 +209,25 @@ void Fabric::start_collective(HostNode& h) {
 
 void Fabric::host_step(HostNode& h) {
   if (h.finished) return;
+  const JobSpec& spec = jobs_[static_cast<std::size_t>(h.job)];
+  const std::size_t depth = std::max<std::uint32_t>(spec.pipeline, 1);
   for (;;) {
     const host::Status st = h.engine->status();
-    if (st == host::Status::done) {
-      ++h.collective;
-      start_collective(h);
-      if (h.finished) break;
-      continue;
-    }
-    if (st != host::Status::running) {
+    if (st != host::Status::running && st != host::Status::done && st != host::Status::idle) {
       h.finished = true;
       h.final_status = st;
       break;
     }
+    if (h.engine->completed() == spec.inputs.size()) {
+      h.finished = true;
+      h.final_status = host::Status::done;
+      break;
+    }
+    // Keep `depth` collectives queued (one at a time: the next once the last is done).
+    while (h.collective < spec.inputs.size() && h.engine->in_flight() < depth && !h.finished) {
+      start_collective(h);
+    }
+    if (h.finished) break;
     host::OutPacket out[64];
     const std::size_t n = h.engine->poll(now_, out, 64);
     std::uint8_t buf[dp::kMaxFrameBytes];
@@ -241,9 +244,6 @@ void Fabric::host_step(HostNode& h) {
 
 bool Fabric::run(std::uint64_t limit_ns) {
   for (auto& h : hosts_) {
-    if (h.collective == 0 && h.engine->status() == host::Status::idle && !h.finished) {
-      start_collective(h);
-    }
     host_step(h);
   }
   std::vector<std::vector<std::vector<std::uint8_t>>> per_node(nodes_.size());

@@ -53,6 +53,9 @@ struct JobSpec {
   std::vector<std::vector<std::uint8_t>> expected;
   std::uint64_t rto_initial_ns = 50'000;
   std::uint64_t rto_max_ns = 1'000'000;
+  /// Pipelining: each host keeps up to this many collectives queued in its engine
+  /// (ProtocolEngine::enqueue), so that they stream back to back; 0 or 1: one at a time.
+  std::uint32_t pipeline = 0;
 };
 
 struct HostNode {
@@ -60,7 +63,7 @@ struct HostNode {
   std::uint16_t index = 0;  // within the job
   dp::Endpoint addr;
   std::unique_ptr<host::ProtocolEngine> engine;
-  std::size_t collective = 0;                      // current one
+  std::size_t collective = 0;                      // next one to start (or queue)
   std::vector<std::vector<std::uint8_t>> outputs;  // per collective
   bool finished = false;                           // all collectives done (or failed)
   host::Status final_status = host::Status::idle;

@@ -100,7 +100,10 @@ struct Options {
   std::uint16_t port = 0;    ///< UDP port for RESULTs; 0 = 29000 + rank % 1000 (below the
                              ///< kernel's ephemeral range, so no outgoing socket holds it)
   std::uint32_t slots = 16;  ///< window asked of the manager
-  std::uint32_t payload_bytes = 1024;
+  /// Payload per packet asked of the manager; 0 = from the path: the largest power of two (256
+  /// to 8192) whose datagram fits the MTU of the interface holding bind_address (or `host`),
+  /// 1024 when that is unknown (1024 at MTU 1500, 8192 with jumbo frames of 8300).
+  std::uint32_t payload_bytes = 0;
   /// First retransmission timeout of a chunk, in microseconds (doubling up to 128 ms); 0 = 1000.
   /// Raise it where ranks share oversubscribed CPUs: a result waits for the slowest rank, and
   /// retransmitting before it comes only adds load.

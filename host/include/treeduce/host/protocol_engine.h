@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "treeduce/aggregation/dtype.h"
@@ -28,10 +29,10 @@ struct EngineConfig {
   std::uint32_t max_retries = 30;            ///< per chunk; then the collective fails
 };
 
-/// State of the current collective.
+/// State of the engine's collectives (with several queued: of them all, the first failure).
 enum class Status : std::uint8_t {
   idle = 0,        ///< nothing started, or the last collective completed
-  running = 1,     ///< in progress
+  running = 1,     ///< in progress (at least one collective not complete)
   done = 2,        ///< completed; every chunk's result checked and written
   timeout = 3,     ///< a chunk ran out of retries
   refused = 4,     ///< a switch sent a NACK; nack_reason() says why
@@ -64,6 +65,18 @@ class ProtocolEngine {
   /// running. Every host of the tree must start the same sequence of collectives with the same
   /// counts. Returns running, or invalid (count 0, a collective running, bad dtype/op).
   Status start(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  /// Queue an allreduce behind the collectives running (pipelining): its chunks take the slots
+  /// earlier collectives free, in stream order, so collectives stream through the window back
+  /// to back; they complete in the order they were queued (completed() counts them). Allowed
+  /// in any state but a failure's; same arguments and result as start(). A failure (timeout,
+  /// refused, bad_result) ends every queued collective: the stream cannot resume.
+  Status enqueue(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  /// Collectives completed since the engine was made, in queue order: collective number k
+  /// (0-based, counting start() and enqueue() calls that returned running) is complete once
+  /// completed() > k.
+  std::uint64_t completed() const noexcept { return done_total_; }
+  /// Collectives queued and not complete.
+  std::size_t in_flight() const noexcept { return colls_.size(); }
 
   /// Packets due at time `now` (ns, any epoch, monotonic): new chunks the window allows and
   /// retransmissions whose timer expired. Writes at most `cap` to `out`; returns how many.
@@ -80,22 +93,38 @@ class ProtocolEngine {
   proto::Reason nack_reason() const noexcept { return nack_reason_; }
   const EngineStats& stats() const noexcept { return stats_; }
   const EngineConfig& config() const noexcept { return cfg_; }
-  /// Collective sequence number of the current (or last) collective.
+  /// Collective sequence number of the last collective started or queued.
   std::uint32_t seq() const noexcept { return seq_; }
-  /// Stream position of the next chunk: continuous across collectives (slots reuse).
-  std::uint32_t next_chunk() const noexcept { return base_ + static_cast<std::uint32_t>(nchunks_); }
+  /// Stream position of the next collective's first chunk: continuous across collectives.
+  std::uint32_t next_chunk() const noexcept { return next_base_; }
 
  private:
   struct SlotState {
     bool active = false;
     std::uint32_t chunk = 0;
-    std::size_t index = 0;  // chunk - base_: position in the collective
+    std::uint32_t seq = 0;  // of the collective the chunk belongs to
+    std::size_t index = 0;  // chunk - base: position in its collective
     std::uint64_t deadline = 0;
     std::uint64_t rto = 0;
     std::uint32_t retries = 0;
     bool need_send = false;  // queued for a first transmission
   };
+  // One queued collective; colls_ holds them in stream order, the oldest incomplete first.
+  struct Coll {
+    const std::uint8_t* send = nullptr;
+    std::uint8_t* recv = nullptr;
+    std::size_t count = 0;
+    DType dtype = DType::f32;
+    ReduceOp op = ReduceOp::sum;
+    std::size_t elems_per_chunk = 0;
+    std::size_t nchunks = 0;
+    std::size_t next_index = 0;  // next chunk not yet given a slot
+    std::size_t completed = 0;
+    std::uint32_t base = 0;  // stream position of chunk 0
+    std::uint32_t seq = 0;
+  };
   OutPacket make_packet(const SlotState& s) const;
+  const Coll* coll_of(std::uint32_t seq) const noexcept;
   void finish(Status st);
 
   EngineConfig cfg_;
@@ -104,17 +133,11 @@ class ProtocolEngine {
   Status status_ = Status::idle;
   proto::Reason nack_reason_ = proto::Reason::none;
   EngineStats stats_;
-  const std::uint8_t* send_ = nullptr;
-  std::uint8_t* recv_ = nullptr;
-  std::size_t count_ = 0;
-  DType dtype_ = DType::f32;
-  ReduceOp op_ = ReduceOp::sum;
-  std::size_t elems_per_chunk_ = 0;
-  std::size_t nchunks_ = 0;
-  std::size_t next_index_ = 0;  // next chunk of the collective not yet given a slot
-  std::size_t completed_ = 0;
-  std::uint32_t base_ = 0;  // stream position of the collective's chunk 0
-  std::uint32_t seq_ = 0;
+  std::deque<Coll> colls_;
+  std::size_t feed_ = 0;         // colls_ index of the first collective with chunks to assign
+  std::uint32_t next_base_ = 0;  // stream position of the next collective's chunk 0
+  std::uint32_t seq_ = 0;        // of the last collective queued
+  std::uint64_t done_total_ = 0;
   bool started_once_ = false;
 };
 
