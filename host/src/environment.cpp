@@ -368,6 +368,12 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
                               "; it must be a power of two from 256 to 8192.");
     o.payload_bytes = std::uint32_t(bytes);
   }
+  // A deterministic tree (bit-reproducible sums, docs/numerics.md) asked of the manager.
+  if (const Var v = first_of({"TREEDUCE_DETERMINISTIC"}); v.name) {
+    std::uint64_t d = 0;
+    if (auto s = number(v, 0, 1, &d); !s.ok()) return s;
+    o.deterministic = d != 0;
+  }
   if (const Var v = first_of({"TREEDUCE_RTO_US"}); v.name) {
     std::uint64_t us = 0;
     if (auto s = number(v, 0, 128000, &us); !s.ok()) return s;

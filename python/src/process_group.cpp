@@ -496,8 +496,6 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
     std::string error;
     Result res = host::options_from_environment(&opt, &error);
     TORCH_CHECK(res == Result::ok, "treeduce: ", error);
-    if (const char* d = std::getenv("TREEDUCE_DETERMINISTIC"); d && std::string(d) == "1")
-      opt.deterministic = true;
     // torch's timeout bounds everything when it is shorter than libtreeduce's own bounds
     // (init_process_group(timeout=...); torch's default of 30 minutes is not).
     const auto ms = static_cast<std::uint64_t>(timeout.count());

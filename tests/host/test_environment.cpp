@@ -63,6 +63,7 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   set("TREEDUCE_SLOTS", "64");
   set("TREEDUCE_PAYLOAD_BYTES", "8192");
   set("TREEDUCE_RTO_US", "10000");
+  set("TREEDUCE_DETERMINISTIC", "1");
   Options o;
   const treeduce::Status s = parse(&o);
   ASSERT_TRUE(s.ok()) << s.to_string();
@@ -79,6 +80,7 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   EXPECT_EQ(o.slots, 64u);
   EXPECT_EQ(o.payload_bytes, 8192u);
   EXPECT_EQ(o.rto_us, 10000u);
+  EXPECT_TRUE(o.deterministic);
 }
 
 TEST_F(Environment, TorchrunGivesRankWorldAndJobAndTreeduceOverrides) {
@@ -176,6 +178,9 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   set("TREEDUCE_RTO_US", "5ms");
   expect_error("TREEDUCE_RTO_US is '5ms', not a whole number from 0 to 128000.");
   set("TREEDUCE_RTO_US", "5000");
+  set("TREEDUCE_DETERMINISTIC", "yes");
+  expect_error("TREEDUCE_DETERMINISTIC is 'yes', not a whole number from 0 to 1.");
+  set("TREEDUCE_DETERMINISTIC", "0");
   Options o;
   ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.path, Path::host);

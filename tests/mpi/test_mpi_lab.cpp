@@ -173,6 +173,34 @@ TEST_F(MpiLab, CProgramGivesTheSameResultsWithAndWithoutTheInterposer) {
   EXPECT_FALSE(has(offl.out, "warning")) << offl.out;
 }
 
+/// The float digests mpi_check's ranks printed ("..., float digest D"), one per rank.
+std::vector<std::string> float_digests(const std::string& out) {
+  std::vector<std::string> d;
+  static const std::regex re(
+      R"(mpi_check: rank \d+: \d+ checks, 0 wrong, digest [0-9a-f]+, float digest ([0-9a-f]+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it)
+    d.push_back((*it)[1]);
+  return d;
+}
+
+// TREEDUCE_DETERMINISTIC=1 reaches libtreeduce through the interposer: the tree adds in child
+// order, so two runs give the float sums bit for bit (every rank the same bits).
+TEST_F(MpiLab, DeterministicTreesGiveBitIdenticalFloatSumsRunAfterRun) {
+  const std::vector<std::string> prog = {*root_ + "/mpi_check"};
+  std::vector<std::string> runs;
+  for (int i = 0; i < 2; ++i) {
+    const Result r = run(prog, {"TREEDUCE_DETERMINISTIC=1", "TREEDUCE_MPI_MIN_BYTES=64"});
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_FALSE(has(r.out, "warning")) << r.out;
+    const std::vector<std::string> d = float_digests(r.out);
+    ASSERT_EQ(d.size(), 4u) << r.out;
+    EXPECT_EQ(std::set<std::string>(d.begin(), d.end()).size(), 1u) << r.out;
+    runs.push_back(d[0]);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
 TEST_F(MpiLab, Mpi4pyScriptGivesTheSameResultsWithAndWithoutTheInterposer) {
   const std::vector<std::string> prog = {
       "/usr/bin/python3", std::string(TREEDUCE_SOURCE_ROOT) + "/tests/mpi/mpi_check.py"};
