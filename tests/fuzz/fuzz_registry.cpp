@@ -3,7 +3,8 @@
 // registrations, heartbeats and failures, clock steps with lease sweeps, and switch agents that
 // fail installs, with hostile names and sizes. Never a crash, a hang or an exception; every
 // refusal is a sentence; and once every rank has left and every lease and hold has run out, no
-// job, tree, slot or byte is left on any switch (docs/manager.md). Input: byte 0 picks the
+// job, tree, slot or byte is left on any switch, and once each switch has registered again with
+// what it holds (reconciliation), no switch holds a tree (docs/manager.md). Input: byte 0 picks the
 // options, then records read by FuzzedDataProvider (tests/fuzz/corpus-registry/ has seeds).
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -139,7 +140,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::string agent =
             in.ConsumeBool() ? "127.0.0.1:" + std::to_string(in.ConsumeIntegral<std::uint16_t>())
                              : in.ConsumeRandomLengthString(24);
-        check_refusal(reg.register_switch(name, agent, limits));
+        // What the switch holds (reconciliation, docs/manager.md), and now and then a made-up
+        // tree as a restarted or confused switch might report.
+        std::vector<HeldTree> held;
+        for (std::uint16_t id : sw.held[name]) held.push_back({id, "?", 0});
+        if (in.ConsumeBool())
+          held.push_back({in.ConsumeIntegral<std::uint16_t>(), in.ConsumeRandomLengthString(8),
+                          in.ConsumeIntegral<std::uint64_t>()});
+        const auto r = reg.register_switch(name, agent, limits, held);
+        if (!r.ok()) check_refusal(r.status());
         break;
       }
       case 5:
@@ -175,5 +184,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(v.used.slots == 0);
     check(v.used.bytes == 0);
   }
+  // Every switch registers again with what it holds: the manager removes every tree, and the
+  // switches then agree with it that nothing is left.
+  for (const std::string& name : switch_names) {
+    std::vector<HeldTree> held;
+    for (std::uint16_t id : sw.held[name]) held.push_back({id, "?", 0});
+    if (!held.empty()) check(reg.register_switch(name, "127.0.0.1:1", std::nullopt, held).ok());
+  }
+  for (const auto& [name, trees] : sw.held) check(trees.empty());
   return 0;
 }
