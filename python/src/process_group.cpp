@@ -482,7 +482,10 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
                 " but the process group has ", n, " ranks; unset it or make them agree.");
     setenv("TREEDUCE_RANK", r.c_str(), 0);
     setenv("TREEDUCE_WORLD_SIZE", n.c_str(), 0);
-    if (!std::getenv("TREEDUCE_JOB") && !std::getenv("TORCHELASTIC_RUN_ID")) {
+    // torchrun without --rdzv_id sets TORCHELASTIC_RUN_ID to "none" (libtreeduce ignores it).
+    const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+    const bool has_run_id = run_id && *run_id && std::string(run_id) != "none";
+    if (!std::getenv("TREEDUCE_JOB") && !has_run_id) {
       if (getRank() == 0) {
         const std::string job =
             "torch-" + std::to_string(getpid()) + "-" +
