@@ -690,11 +690,19 @@ std::string report_unstartable(const UnstartableRank& who, const std::string& wh
 }
 
 Result options_from_environment(Options* out, std::string* error) {
+  return options_from_environment(out, error, {});
+}
+
+Result options_from_environment(Options* out, std::string* error,
+                                const std::map<std::string, std::string>& overrides) {
   if (out == nullptr) {
     if (error != nullptr) *error = "options_from_environment needs an Options to fill.";
     return Result::invalid_argument;
   }
-  const EnvLookup env = [](const char* n) { return std::getenv(n); };
+  const EnvLookup env = [&overrides](const char* n) -> const char* {
+    const auto it = overrides.find(n);
+    return it != overrides.end() ? it->second.c_str() : std::getenv(n);
+  };
   const treeduce::Status s = parse_environment(env, out);
   // A rank that cannot start says so to the manager, so that the others fail now rather than
   // wait for it (docs/host.md, "Environment").

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -152,7 +153,9 @@ struct Pending {
   std::vector<at::Tensor> keep;  // buffers the library writes, alive until completion
 };
 
-std::atomic<int> groups_in_process{0};
+/// Whether a group of this process holds libtreeduce's communicator (one per process: one UDP
+/// port, one manager job); the group that holds it gives it back when it is destroyed.
+std::atomic<bool> communicator_taken{false};
 
 class ProcessGroupTreeduce;
 /// The groups alive in this process, for quiesce_all() at interpreter exit.
@@ -165,12 +168,13 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
                        std::chrono::milliseconds timeout,
                        c10::intrusive_ptr<c10d::ProcessGroup> gloo)
       : ProcessGroup(rank, size), gloo_(std::move(gloo)) {
-    const int index = groups_in_process++;
-    if (index > 0) {
-      // libtreeduce is one communicator per job and rank (one UDP port, one manager job):
-      // a second group of this process reduces through Gloo.
-      reason_ = "group " + std::to_string(index + 1) +
-                " of this process: treeduce offloads only the first process group of a process";
+    bool expected = false;
+    if (!communicator_taken.compare_exchange_strong(expected, true)) {
+      // libtreeduce is one communicator per job and rank: a second group alive at the same time
+      // in this process reduces through Gloo.
+      reason_ =
+          "another treeduce group of this process is alive: treeduce offloads one process group "
+          "per process at a time";
       std::fprintf(stderr,
                    "treeduce: warning: rank %d: every operation of this group goes to Gloo: %s\n",
                    rank, reason_.c_str());
@@ -179,7 +183,7 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
     try {
       join(store, timeout);
     } catch (...) {
-      --groups_in_process;
+      communicator_taken = false;
       throw;
     }
     thread_ = std::thread([this] { complete_loop(); });
@@ -219,7 +223,7 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
     }
     if (comm_) {
       comm_.reset();  // leaves the job: a later group of this process may join another
-      --groups_in_process;
+      communicator_taken = false;
     }
   }
 
@@ -480,12 +484,14 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
                 " of its process group; unset it or make them agree.");
     TORCH_CHECK(!ew || n == ew, "treeduce: TREEDUCE_WORLD_SIZE is ", ew,
                 " but the process group has ", n, " ranks; unset it or make them agree.");
-    setenv("TREEDUCE_RANK", r.c_str(), 0);
-    setenv("TREEDUCE_WORLD_SIZE", n.c_str(), 0);
+    // The group's rank, size and job name go to libtreeduce as overrides, not through
+    // setenv(): a later group of this process (another size, another job) reads its own.
+    std::map<std::string, std::string> vars = {{"TREEDUCE_RANK", r}, {"TREEDUCE_WORLD_SIZE", n}};
     // torchrun without --rdzv_id sets TORCHELASTIC_RUN_ID to "none" (libtreeduce ignores it).
     const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
     const bool has_run_id = run_id && *run_id && std::string(run_id) != "none";
-    if (!std::getenv("TREEDUCE_JOB") && !has_run_id) {
+    const char* env_job = std::getenv("TREEDUCE_JOB");
+    if (!(env_job && *env_job) && !has_run_id) {
       if (getRank() == 0) {
         const std::string job =
             "torch-" + std::to_string(getpid()) + "-" +
@@ -493,11 +499,11 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
         store->set("treeduce/job", std::vector<uint8_t>(job.begin(), job.end()));
       }
       const std::vector<uint8_t> job = store->get("treeduce/job");
-      setenv("TREEDUCE_JOB", std::string(job.begin(), job.end()).c_str(), 1);
+      vars["TREEDUCE_JOB"] = std::string(job.begin(), job.end());
     }
     host::Options opt;
     std::string error;
-    Result res = host::options_from_environment(&opt, &error);
+    Result res = host::options_from_environment(&opt, &error, vars);
     TORCH_CHECK(res == Result::ok, "treeduce: ", error);
     // torch's timeout bounds everything when it is shorter than libtreeduce's own bounds
     // (init_process_group(timeout=...); torch's default of 30 minutes is not).

@@ -1,8 +1,11 @@
 """The treeduce package without a network (meson test python-torch-unit): FP8 rounding against
 the formats' definitions, the FP8 hook's error bound, a one-rank treeduce group on the host path
-made with init_method file:// (no launcher variables: rank, world and job come from the group),
-bad input refused with a sentence. Exits 0 when every check passed."""
+made with init_method file:// (no launcher variables: rank, world and job come from the group,
+and the process's environment is left alone), bad input refused with a sentence, a second group
+alive at once going to Gloo (and the hooks knowing it), a group made after both were destroyed
+offloaded again. Exits 0 when every check passed."""
 
+import ctypes
 import os
 import sys
 import tempfile
@@ -12,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import treeduce.torch as tt
+from treeduce.torch import hooks
 
 failures = []
 
@@ -90,6 +94,26 @@ with tempfile.TemporaryDirectory() as d:
             check(False, f"not refused: {sentence}")
         except (RuntimeError, TypeError) as e:
             check(sentence in str(e), f"refusal says '{sentence}': {e}")
+    # The group's rank, size and job reach libtreeduce without touching the process's
+    # environment (os.environ is a copy: ask the C library).
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    for v in ("TREEDUCE_RANK", "TREEDUCE_WORLD_SIZE", "TREEDUCE_JOB"):
+        check(libc.getenv(v.encode()) is None, f"{v} was set in the process's environment")
+    # A second treeduce group while the first is alive goes to Gloo, and the hooks know it.
+    second = dist.new_group(ranks=[0], backend="treeduce")
+    check(tt.info(second)["path"] == "gloo", f"second group: {tt.info(second)}")
+    check(not hooks._is_treeduce(second), "the hooks take a Gloo-routed treeduce group for treeduce")
+    check(hooks._is_treeduce(dist.group.WORLD), "the hooks do not take the first group for treeduce")
+    dist.destroy_process_group()  # every group
+
+    # Both destroyed: a new group gets libtreeduce's communicator again.
+    dist.init_process_group("treeduce", init_method="file://" + os.path.join(d, "store2"),
+                            rank=0, world_size=1, timeout=timedelta(seconds=20))
+    check(tt.info()["path"] == "host", f"a group after the first two: {tt.info()}")
+    x = torch.arange(4, dtype=torch.int32)
+    dist.all_reduce(x)
+    check(torch.equal(x, torch.arange(4, dtype=torch.int32)), "one-rank SUM after re-init")
     dist.destroy_process_group()
 
 print(f"{'FAILED' if failures else 'ok'}: {len(failures)} failures")

@@ -19,7 +19,8 @@ over the ranks, as DDP's default reduction does.
   max * 2^-16 / (57344 / world) (e5m2) are subnormal or flush to 0: their absolute error is up
   to half the smallest subnormal, 2^-10 (e4m3) or 2^-17 (e5m2), divided by s.
 
-On a group that is not treeduce's (Gloo, for comparison runs) the FP8 hooks compute the same
+On a group that is not treeduce's (Gloo, for comparison runs; or a treeduce group that goes to
+Gloo because another treeduce group of the process is alive) the hooks compute the same
 numbers on the hosts: the scale's MAX allreduce, each rank's values rounded to FP8 with
 treeduce's own conversion, a float32 sum (exact for E4M3 values: their exponents span 17 bits),
 the sum rounded once to FP8. That is the switch's arithmetic, so loss curves compare.
@@ -40,9 +41,10 @@ def _group(state):
 
 
 def _is_treeduce(group):
+    """Whether the group reduces through libtreeduce: a treeduce group that routes everything to
+    Gloo (a second one alive in the process) is not."""
     try:
-        _C.info(group)
-        return True
+        return bool(_C.info(group)["offloaded"])
     except RuntimeError:
         return False
 

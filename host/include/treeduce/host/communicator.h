@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -137,6 +138,12 @@ struct Options {
 /// the job for every other rank at once (docs/host.md, "Environment"), and `*error` says whether
 /// that worked.
 Result options_from_environment(Options* out, std::string* error);
+
+/// As above, with the variables in `overrides` read as if the environment held them (in place of
+/// what it holds): for a caller that knows the rank, world size or job itself, e.g. a
+/// framework's process group, without setenv() on the whole process.
+Result options_from_environment(Options* out, std::string* error,
+                                const std::map<std::string, std::string>& overrides);
 
 /// Why the last collective (or creation) went the way it did, and what is counted.
 struct Stats {
