@@ -159,8 +159,10 @@ std::atomic<bool> communicator_taken{false};
 
 class ProcessGroupTreeduce;
 /// The groups alive in this process, for quiesce_all() at interpreter exit.
+/// Weak: _quiesce_all() takes strong references under the lock and waits without it, so a group
+/// destroyed meanwhile (by a completion callback, say) never waits for the lock.
 std::mutex live_mu;
-std::set<ProcessGroupTreeduce*> live_groups;
+std::vector<c10::weak_intrusive_ptr<ProcessGroupTreeduce>> live_groups;
 
 class ProcessGroupTreeduce : public c10d::ProcessGroup {
  public:
@@ -187,8 +189,6 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
       throw;
     }
     thread_ = std::thread([this] { complete_loop(); });
-    std::lock_guard<std::mutex> l(live_mu);
-    live_groups.insert(this);
   }
 
   /// Waits (without the GIL) until every operation started so far has completed and its
@@ -201,11 +201,16 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
     cv_.wait(l, [&] { return stop_ || (queue_.empty() && !busy_); });
   }
 
-  ~ProcessGroupTreeduce() override {
-    {
-      std::lock_guard<std::mutex> l(live_mu);
-      live_groups.erase(this);
-    }
+  ~ProcessGroupTreeduce() override { shut_down(); }
+
+  /// Runs when the last strong reference goes (live_groups' weak ones keep the memory, not the
+  /// group, alive): the communicator is given back then, not when the last weak one goes.
+  void release_resources() override {
+    shut_down();  // the base's release_resources() does nothing (and is private)
+  }
+
+  /// Stops the completion thread and leaves the job; a second call does nothing.
+  void shut_down() {
     if (thread_.joinable()) {
       {
         std::lock_guard<std::mutex> l(mu_);
@@ -264,8 +269,11 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
     check_cpu(tensors, "broadcast");
     if (!comm_) return gloo_->broadcast(tensors, opts);
     at::Tensor t = tensors[0];
-    at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-    if (getRank() != opts.rootRank) buf.zero_();
+    // Non-roots reduce zeros in scratch memory and copy the result out only on success: a
+    // failed broadcast leaves their tensor as it was.
+    at::Tensor buf = getRank() != opts.rootRank ? at::zeros(t.sizes(), t.options())
+                     : t.is_contiguous()        ? t
+                                                : t.contiguous();
     // Any bytes arrive exactly as a wrapping integer sum with zeros: i32 when the size allows
     // (the type every switch model reduces), bytes otherwise.
     const std::size_t nbytes = buf.nbytes();
@@ -703,16 +711,27 @@ PYBIND11_MODULE(_C, m) {
       "_quiesce_all",
       [] {
         py::gil_scoped_release unlocked;  // the completion threads' callbacks need it
-        std::lock_guard<std::mutex> l(live_mu);
-        for (ProcessGroupTreeduce* g : live_groups) g->quiesce();
+        std::vector<c10::intrusive_ptr<ProcessGroupTreeduce>> groups;
+        {
+          std::lock_guard<std::mutex> l(live_mu);
+          for (const auto& w : live_groups) {
+            if (auto g = w.lock()) groups.push_back(std::move(g));
+          }
+        }
+        for (const auto& g : groups) g->quiesce();
       },
       "Waits until every live treeduce group has completed what it started (atexit).");
   m.def(
       "create_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
          std::chrono::milliseconds timeout, const c10::intrusive_ptr<c10d::ProcessGroup>& gloo) {
-        return c10::intrusive_ptr<c10d::ProcessGroup>(
-            c10::make_intrusive<ProcessGroupTreeduce>(store, rank, size, timeout, gloo));
+        auto pg = c10::make_intrusive<ProcessGroupTreeduce>(store, rank, size, timeout, gloo);
+        {
+          std::lock_guard<std::mutex> l(live_mu);
+          std::erase_if(live_groups, [](const auto& w) { return w.expired(); });
+          live_groups.emplace_back(pg);
+        }
+        return c10::intrusive_ptr<c10d::ProcessGroup>(pg);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("gloo"),
       py::call_guard<py::gil_scoped_release>());
