@@ -164,6 +164,8 @@ class ProcessGroupTreeduce;
 std::mutex live_mu;
 std::vector<c10::weak_intrusive_ptr<ProcessGroupTreeduce>> live_groups;
 
+void forget_expired_groups();  // below the class: the weak pointers need it complete
+
 class ProcessGroupTreeduce : public c10d::ProcessGroup {
  public:
   ProcessGroupTreeduce(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -203,10 +205,13 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
 
   ~ProcessGroupTreeduce() override { shut_down(); }
 
-  /// Runs when the last strong reference goes (live_groups' weak ones keep the memory, not the
-  /// group, alive): the communicator is given back then, not when the last weak one goes.
+  /// Runs when the last strong reference goes: the communicator is given back and the group's
+  /// weak reference in live_groups dropped, so that the group is deleted now (not at static
+  /// destruction, after Python and Gloo's statics are gone). The base's release_resources()
+  /// does nothing (and is private).
   void release_resources() override {
-    shut_down();  // the base's release_resources() does nothing (and is private)
+    shut_down();
+    forget_expired_groups();
   }
 
   /// Stops the completion thread and leaves the job; a second call does nothing.
@@ -688,6 +693,11 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
   std::thread thread_;
 };
 
+void forget_expired_groups() {
+  std::lock_guard<std::mutex> l(live_mu);
+  std::erase_if(live_groups, [](const auto& w) { return w.expired(); });
+}
+
 ProcessGroupTreeduce* as_treeduce(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
   auto* p = dynamic_cast<ProcessGroupTreeduce*>(pg.get());
   TORCH_CHECK(p, "treeduce: this process group is a '", pg->getBackendName(),
@@ -728,7 +738,6 @@ PYBIND11_MODULE(_C, m) {
         auto pg = c10::make_intrusive<ProcessGroupTreeduce>(store, rank, size, timeout, gloo);
         {
           std::lock_guard<std::mutex> l(live_mu);
-          std::erase_if(live_groups, [](const auto& w) { return w.expired(); });
           live_groups.emplace_back(pg);
         }
         return c10::intrusive_ptr<c10d::ProcessGroup>(pg);
