@@ -19,6 +19,13 @@ namespace {
 constexpr std::uint32_t kMaxChildren = proto::kMaxChildren;
 constexpr std::uint32_t kMaxWorld = 1u << 20;
 
+/// The payload a tree through a switch of profile `p` uses when `requested` is asked for: a
+/// protocol payload is a power of two, so a switch whose largest is not one (9000 bytes, say)
+/// takes the power of two below it.
+std::uint32_t payload_on(std::uint32_t requested, const ResourceProfile& p) {
+  return std::bit_floor(std::min(requested, p.max_payload_bytes));
+}
+
 std::uint32_t popcount_and(const std::uint64_t* a, const std::uint64_t* b, std::size_t n) {
   std::uint32_t c = 0;
   for (std::size_t i = 0; i < n; ++i) c += std::uint32_t(std::popcount(a[i] & b[i]));
@@ -95,7 +102,7 @@ bool Allocator::admits(const Ctx& c, std::uint32_t sw, std::string* why) const {
       return no("does not reduce " + pair_name(m->dtype, m->op) + ", which the job needs.");
   }
   if (r.deterministic && !p.deterministic) return no("has no deterministic mode.");
-  const std::uint32_t payload = std::min(r.payload_bytes, p.max_payload_bytes);
+  const std::uint32_t payload = payload_on(r.payload_bytes, p);
   const Usage cost = tree_cost(r.slots, payload, r.deterministic, 1);
   if (!fits(p, used_[sw], cost))
     return no("is " + short_of(p, used_[sw], cost) + ": " + fmt_usage(p, used_[sw]) +
@@ -190,7 +197,7 @@ bool Allocator::build(const Ctx& c, std::uint32_t sw, std::int32_t parent,
     }
   }
   // Deterministic mode costs memory per child: check again now that the fan-in is known.
-  const std::uint32_t payload = std::min(c.req->payload_bytes, p.max_payload_bytes);
+  const std::uint32_t payload = payload_on(c.req->payload_bytes, p);
   const Usage cost = tree_cost(c.req->slots, payload, c.req->deterministic, nchildren);
   if (!fits(p, used_[sw], cost)) {
     if (plan->why.empty())
@@ -210,9 +217,8 @@ bool Allocator::plan_from(const Ctx& c, std::uint32_t root, Plan* plan) const {
   for (const TreeNode& n : plan->nodes) {
     if (topo_.switches[n.sw].level == 0) continue;
     Usage after = used_[n.sw];
-    after +=
-        tree_cost(c.req->slots, std::min(c.req->payload_bytes, profile(n.sw).max_payload_bytes),
-                  c.req->deterministic, std::uint32_t(n.children.size()));
+    after += tree_cost(c.req->slots, payload_on(c.req->payload_bytes, profile(n.sw)),
+                       c.req->deterministic, std::uint32_t(n.children.size()));
     const double u = utilisation(profile(n.sw), after);
     plan->worst = std::max(plan->worst, u);
     plan->sum += u;
@@ -357,7 +363,7 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
     a.op_mask = kAllOpsMask;
     for (const TreeNode& n : a.nodes) {
       const ResourceProfile& p = profile(n.sw);
-      a.payload_bytes = std::min(a.payload_bytes, p.max_payload_bytes);
+      a.payload_bytes = payload_on(a.payload_bytes, p);
       a.dtype_mask &= p.dtype_mask;
       a.op_mask &= p.op_mask;
     }

@@ -476,10 +476,15 @@ Result<Reconciled> JobRegistry::register_switch(const std::string& name, const s
   if (agent.empty() || agent.find(':') == std::string::npos)
     return invalid_argument("Switch '" + name + "' gave no agent address (host:port).");
   if (limits) {
-    if (limits->max_children > 64 || limits->max_payload_bytes > 8192)
+    if (limits->max_children > 64 || limits->max_payload_bytes > proto::kMaxPayloadBytes)
       return invalid_argument("Switch '" + name +
                               "' reports more than 64 children or 8 KiB per slot, which the "
                               "treeduce protocol cannot use.");
+    if (limits->max_payload_bytes < proto::kMinPayloadBytes)
+      return invalid_argument("Switch '" + name + "' reports a largest payload of " +
+                              std::to_string(limits->max_payload_bytes) +
+                              " bytes per slot, below the treeduce protocol's smallest (" +
+                              std::to_string(proto::kMinPayloadBytes) + ").");
     if (Status s = alloc_.set_profile(std::uint32_t(sw), *limits); !s.ok()) return s;
   }
   Sw& s = sw_[std::size_t(sw)];

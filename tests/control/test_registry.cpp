@@ -386,6 +386,26 @@ TEST_F(Fixture, RegistrationGatesSwitches) {
   EXPECT_EQ(reg->switch_heartbeat("leaf0").code(), Code::failed_precondition);
 }
 
+TEST_F(Fixture, RegisteredPayloadLimitsAreProtocolPayloads) {
+  make(true);
+  ResourceProfile p = *find_builtin_profile("quantum2");
+  for (std::uint32_t bad : {0u, 255u, 8193u}) {
+    p.max_payload_bytes = bad;
+    const auto r = reg->register_switch("leaf0", "127.0.0.1:1", p);
+    EXPECT_EQ(r.status().code(), Code::invalid_argument) << bad;
+    EXPECT_NE(r.status().message().find("leaf0"), std::string::npos) << r.status().message();
+  }
+  // A largest payload that is no power of two (found by fuzz-registry: a one-rank job then got
+  // payload 0): trees through it take the power of two below.
+  p.max_payload_bytes = 1000;
+  ASSERT_TRUE(reg->register_switch("leaf0", "127.0.0.1:1", p).ok());
+  JoinArgs a = args("j", 0, 1, "h0-0");
+  a.payload_bytes = 4096;
+  const auto j = reg->join(a, 100);
+  ASSERT_TRUE(j.ok()) << j.status().to_string();
+  EXPECT_EQ(j->payload_bytes, 512u);
+}
+
 TEST_F(Fixture, RestartKeepsJobsAndTreesWithoutTouchingSwitches) {
   const auto path =
       std::filesystem::temp_directory_path() / ("treeduce-reg-" + std::to_string(getpid()) + ".db");

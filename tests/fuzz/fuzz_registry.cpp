@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <string>
@@ -23,9 +24,14 @@ namespace {
 using namespace treeduce;
 using namespace treeduce::ctl;
 
-void check(bool ok) {
-  if (!ok) __builtin_trap();
+/// A failed check names its line before the trap, so that a crash file says what broke.
+void check_at(bool ok, int line) {
+  if (!ok) {
+    std::fprintf(stderr, "fuzz_registry.cpp:%d: check failed\n", line);
+    __builtin_trap();
+  }
 }
+#define check(ok) check_at((ok), __LINE__)
 
 /// Switch agents in memory: installs succeed unless `failing`; what each switch holds.
 class FakeSwitches final : public SwitchClient {
