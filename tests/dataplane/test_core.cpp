@@ -221,7 +221,11 @@ TEST(CoreRefusals, EachReasonIsNackedAndCounted) {
     EXPECT_EQ(nack.opcode, static_cast<std::uint8_t>(Opcode::nack)) << name(c.want);
     EXPECT_EQ(nack.reason, static_cast<std::uint8_t>(c.want)) << name(c.want);
     EXPECT_EQ(nack.version, kProtocolVersion);
-    EXPECT_EQ(nack.key.get(), 0u);
+    // The key field is the MAC under the key the CONTRIB carried (here its sender's own, even
+    // for bad_key), and never the tree's key.
+    EXPECT_EQ(nack.key, proto::nack_mac(t.key, nack)) << name(c.want);
+    EXPECT_TRUE(proto::nack_verifies(t.key.get(), nack)) << name(c.want);
+    EXPECT_NE(nack.key.get(), tree_cfg(2, true).key) << name(c.want);
     EXPECT_EQ(out[0].payload_len, 0u);
     EXPECT_EQ(ip_of(out[0]).dst_addr.get(), src.ip);
     EXPECT_EQ(h.core.counters().drop(c.want), 1u) << name(c.want);

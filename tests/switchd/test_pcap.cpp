@@ -815,10 +815,12 @@ void expect_nack(const Frame& f, const Frame& refused, const dp::Endpoint& to,
   echo.reason = static_cast<std::uint8_t>(reason);
   echo.count.set(0);
   echo.ncontrib.set(0);
-  echo.key.set(0);
+  // The key field: the MAC under the key the refused CONTRIB carried, never a key.
+  echo.key = proto::nack_mac(td_of(refused).key, echo);
   EXPECT_EQ(n.reason, static_cast<std::uint8_t>(reason))
       << "NACK reason " << static_cast<int>(n.reason) << ", want " << dp::name(reason);
   EXPECT_EQ(std::memcmp(&n, &echo, sizeof n), 0) << "the NACK echoes the refused header";
+  EXPECT_NE(n.key, td_of(refused).key) << "the key never travels back";
 }
 
 Frame add_f32(const std::vector<std::vector<float>>& xs) {
