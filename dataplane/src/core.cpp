@@ -529,6 +529,13 @@ std::size_t Core::send_down(Tree& t, const Chunk& c, std::uint16_t first, std::u
 
 std::size_t Core::refuse(Tree* t, const Parsed& p, DropReason r, TxFrame* tx) noexcept {
   drop(t, r);
+  if (r == DropReason::bad_key || r == DropReason::bad_source) [[unlikely]] {
+    if (nprobes_ < kMaxProbes) {
+      probes_[nprobes_++] = Probe{p.src_ip, p.td.tree_id.get(), r};
+    } else {
+      ++probes_lost_;
+    }
+  }
   if (p.td.opcode != static_cast<std::uint8_t>(Opcode::contrib) || !nacks(r)) return 0;
   // The NACK goes back to where the CONTRIB came from (its source MAC, IPv4 address and UDP
   // port) and echoes its header with our version and no payload. Its key field is a MAC keyed

@@ -248,6 +248,30 @@ TEST(CoreRefusals, MismatchWithTheChunksFirstContribution) {
   EXPECT_EQ(v.arrived, 1);
 }
 
+// bad_key and bad_source refusals (CONTRIB or RESULT) are noted for the switch's rate-limited
+// log with the address the frame claimed; other refusals are not; the array is bounded.
+TEST(CoreRefusals, ProbesAreNotedForTheLog) {
+  Harness h;
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
+  TdHdr t = hdr(Opcode::contrib, 0, 0, 4);
+  t.key.set(t.key.get() ^ 1);
+  h.feed(frame(child_ep(0), t, {1, 1, 1, 1}));                              // bad_key
+  h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 0, 4), {1, 1, 1, 1}));  // bad_source
+  h.feed(frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 65), std::vector<float>(65, 1.0f)));
+  ASSERT_EQ(h.core.probes().size(), 2u);
+  EXPECT_EQ(h.core.probes()[0].src_ip, child_ep(0).ip);
+  EXPECT_EQ(h.core.probes()[0].reason, DropReason::bad_key);
+  EXPECT_EQ(h.core.probes()[0].tree_id, 5);
+  EXPECT_EQ(h.core.probes()[1].src_ip, child_ep(1).ip);
+  EXPECT_EQ(h.core.probes()[1].reason, DropReason::bad_source);
+  h.core.clear_probes();
+  EXPECT_TRUE(h.core.probes().empty());
+  for (std::size_t i = 0; i < Core::kMaxProbes + 3; ++i)
+    h.feed(frame(child_ep(0), t, {1, 1, 1, 1}));
+  EXPECT_EQ(h.core.probes().size(), Core::kMaxProbes);
+  EXPECT_EQ(h.core.probes_lost(), 3u);
+}
+
 TEST(CoreRefusals, NacksAreNotAnsweredAndNotForUsIsSilent) {
   Harness h;
   ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
