@@ -130,7 +130,8 @@ static_assert(kNackMacCovered == 24);
 /// exactly as they were on the wire, over the first 24 bytes of the NACK's header (`nack`, every
 /// field but `key` final). A host that sent the CONTRIB knows that key; a stranger who did not see
 /// it cannot make a NACK the host accepts, and the job's key never travels back. Not on any fast
-/// path: ~1 us (four SHA-256 blocks), once per refused CONTRIB and per NACK received.
+/// path: 0.8 us measured (four SHA-256 blocks, 2-core VM under load), once per refused CONTRIB
+/// and per NACK received.
 be64 nack_mac(be64 contrib_key, const TdHdr& nack) noexcept;
 
 /// True when `nack`'s `key` field is nack_mac(`key`, `nack`): a switch refused a CONTRIB that
