@@ -16,6 +16,8 @@ TREEDUCE_PACKAGES=(
   # the DPDK switch: DPDK (dpdk-dev has dpdk-testpmd, the benchmark baseline), the metrics
   # endpoint, pcap files for golden tests, network namespaces and veth pairs for fabrics
   libdpdk-dev dpdk-dev libcpp-httplib-dev libpcap-dev iproute2 iputils-ping
+  # the MAC of a NACK (HMAC-SHA256, protocol/src/wire.cpp)
+  nettle-dev
   # the host library: host-side reduction when the network path is not available
   libgloo-dev
   # the host library's ibverbs transport (rdma-core)

@@ -116,6 +116,7 @@ Switch::Impl::~Impl() {
     rte_ring_free(w->steer);
   }
   rte_ring_free(ctl_ring);
+  rte_ring_free(probe_ring);
   rte_ring_free(inject_ring);
   rte_free(qsbr);
   rte_mempool_free(pool);

@@ -32,6 +32,7 @@
 
 #include "datapath.h"
 #include "neighbor_table.h"
+#include "treeduce/dataplane/probe_log.h"
 #include "treeduce/protocol/tree.h"
 #include "treeduce/protocol/wire.h"
 
@@ -187,6 +188,11 @@ struct Switch::Impl {
   rte_rcu_qsbr* qsbr = nullptr;
   rte_ring* ctl_ring = nullptr;     ///< MP/SC CtlMsg: lcores -> neighbour thread
   rte_ring* inject_ring = nullptr;  ///< SP/SC mbufs: neighbour thread -> worker 0 (ARP requests)
+  /// MP/SC dp::Probe: the cores' bad_key/bad_source refusals -> the neighbour thread, which logs
+  /// them through `probe_log` (rate-limited; no syscall on an lcore).
+  rte_ring* probe_ring = nullptr;
+  dp::ProbeLog probe_log{dp::ProbeLog::Config{}};  ///< neighbour thread only
+  std::uint64_t last_probe_flush = 0;              ///< steady_clock ns; neighbour thread only
   std::atomic<const NeighborTable*> neighbors{nullptr};
   std::uint64_t tsc_hz = 0;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
@@ -262,6 +268,7 @@ struct Switch::Impl {
   rte_mbuf* route(Worker& w, rte_mbuf* m, const NeighborTable* nt);
   void send(Worker& w, rte_mbuf* m);
   void post(Worker& w, const CtlMsg& msg);
+  void post_probes(Worker& w);
   void send_injected(Worker& w);
   void flush(Worker& w);
   void idle_sleep(Worker& w, std::uint32_t* sleep_us);
@@ -278,6 +285,8 @@ struct Switch::Impl {
   bool may_learn(const NeighborEntry& e) const;
   void send_arp(std::uint32_t ip);
   void publish_neighbors();
+  /// `last`: at shutdown, everything not logged yet.
+  void log_probes(bool last = false);
 
   // links.cpp
   void watch_links();

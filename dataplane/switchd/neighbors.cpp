@@ -6,6 +6,7 @@
 #include <rte_mbuf.h>
 #include <rte_ring_elem.h>
 
+#include <chrono>
 #include <thread>
 
 #include "datapath_impl.h"
@@ -28,7 +29,9 @@ Status Switch::Impl::create_neighbor_rings() {
   const int socket = static_cast<int>(rte_socket_id());
   ctl_ring = rte_ring_create_elem("td_ctl", sizeof(CtlMsg), 4096, socket, RING_F_SC_DEQ);
   inject_ring = rte_ring_create("td_inject", 1024, socket, RING_F_SP_ENQ | RING_F_SC_DEQ);
-  if (ctl_ring == nullptr || inject_ring == nullptr)
+  static_assert(sizeof(dp::Probe) % 4 == 0);
+  probe_ring = rte_ring_create_elem("td_probe", sizeof(dp::Probe), 4096, socket, RING_F_SC_DEQ);
+  if (ctl_ring == nullptr || inject_ring == nullptr || probe_ring == nullptr)
     return resource_exhausted("cannot create rings.");
   return Status::Ok();
 }
@@ -71,8 +74,27 @@ void Switch::Impl::neighbor_loop() {
       ask_again();
       watch_links();
     }
+    log_probes();
     if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  log_probes(true);
+}
+
+/// The refusals the workers queued, into the rate-limited log; its lines written every 100 ms.
+void Switch::Impl::log_probes(bool last) {
+  dp::Probe p[256];
+  unsigned n;
+  while ((n = rte_ring_sc_dequeue_burst_elem(probe_ring, p, sizeof(dp::Probe), 256, nullptr)) !=
+         0) {
+    for (unsigned i = 0; i < n; ++i) probe_log.note(p[i]);
+  }
+  const auto now =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+  if (probe_log.sources() == 0 || (!last && now - last_probe_flush < 100'000'000)) return;
+  last_probe_flush = now;
+  for (const std::string& l : probe_log.flush(now, last)) log("%s", l.c_str());
 }
 
 /// One message from a worker: an ARP sender to learn, or an address to resolve. True when the

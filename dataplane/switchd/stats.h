@@ -34,6 +34,7 @@ namespace treeduce::switchd {
   _(tx_no_mbuf,         "frames dropped because no mbuf was free")                          \
   _(tx_queue_full,      "frames the port would not take (dropped)")                         \
   _(ctl_ring_full,      "learn/resolve messages to the control thread lost (ring full)")    \
+  _(probe_ring_full,    "bad_key/bad_source refusals not logged (the log's ring was full)") \
   _(injected_loss,      "received frames dropped on purpose (rx_loss fault injection)")    \
   _(injected_down,      "frames dropped on a port set down (fault injection)")             \
   _(fault_delayed,      "received frames held by a port's delay_us or rate_mbps fault")     \

@@ -352,7 +352,19 @@ void Switch::Impl::run_core(Worker& w, rte_mbuf** pkts, std::uint16_t n, const N
     done += w.core->process_burst(rx + done, nrx - done, tx, kTxFrames, &ntx);
     emit(w, tx, ntx, nt);
   }
+  if (!w.core->probes().empty()) [[unlikely]]
+    post_probes(w);
   rte_pktmbuf_free_bulk(pkts, n);
+}
+
+/// The core's bad_key/bad_source refusals of this burst to the neighbour thread, which logs them
+/// rate-limited (probe_log.h): a ring enqueue per burst that had any, never a syscall here.
+void Switch::Impl::post_probes(Worker& w) {
+  const auto p = w.core->probes();
+  const unsigned n = rte_ring_mp_enqueue_burst_elem(probe_ring, p.data(), sizeof(dp::Probe),
+                                                    static_cast<unsigned>(p.size()), nullptr);
+  w.counters[static_cast<std::size_t>(SwitchdCounter::probe_ring_full)] += p.size() - n;
+  w.core->clear_probes();
 }
 
 // ---- TX --------------------------------------------------------------------------------------

@@ -160,6 +160,11 @@ std::string NetworkLoop::no_answer() const {
          " packets came back for another tree, key or collective (are the tree id and key the "
          "switch's?)";
   }
+  if (st.nack_unverified != 0) {
+    s += "; " + std::to_string(st.nack_unverified) +
+         " NACKs for chunks in flight were ignored because their MAC did not verify (spoofed, "
+         "or from a switch older than NACK MACs, docs/protocol.md section 2.2)";
+  }
   if (!peers_.empty()) s += "; " + peers_;
   return s;
 }

@@ -142,10 +142,16 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
   SlotState& s = slots_[chunk & slot_mask_];
   const bool current = s.active && s.chunk == chunk && s.seq == td.seq.get();
   if (td.opcode == static_cast<std::uint8_t>(proto::Opcode::nack)) {
-    // A NACK names a chunk we sent (NACKs carry no key). Only one for a chunk still in flight
-    // can fail the collective: a late NACK for a finished chunk says nothing new.
+    // A NACK names a chunk we sent. Only one for a chunk still in flight can fail the
+    // collective: a late NACK for a finished chunk says nothing new. Its MAC (keyed with the key
+    // our CONTRIB carried) must verify: anyone who can send us a datagram could forge the rest.
+    // One that does not is as if lost; the chunk's timer goes on (docs/protocol.md section 5).
     if (!current) {
       ++stats_.ignored;
+      return;
+    }
+    if (!proto::nack_verifies(cfg_.key, td)) {
+      ++stats_.nack_unverified;
       return;
     }
     nack_reason_ = static_cast<proto::Reason>(td.reason);

@@ -573,11 +573,13 @@ int main(int argc, char** argv) {
   std::fprintf(
       stderr,
       "treeduce-refhost: sent=%llu retransmits=%llu results=%llu duplicates=%llu "
-      "ignored=%llu foreign=%llu malformed=%llu send_errors=%llu elapsed_ms=%llu\n",
+      "ignored=%llu nack_unverified=%llu foreign=%llu malformed=%llu send_errors=%llu "
+      "elapsed_ms=%llu\n",
       static_cast<unsigned long long>(es.sent), static_cast<unsigned long long>(es.retransmits),
       static_cast<unsigned long long>(es.results), static_cast<unsigned long long>(es.duplicates),
-      static_cast<unsigned long long>(es.ignored), static_cast<unsigned long long>(ps.foreign),
-      static_cast<unsigned long long>(ps.malformed),
+      static_cast<unsigned long long>(es.ignored),
+      static_cast<unsigned long long>(es.nack_unverified),
+      static_cast<unsigned long long>(ps.foreign), static_cast<unsigned long long>(ps.malformed),
       static_cast<unsigned long long>(ps.send_errors),
       static_cast<unsigned long long>((now_ns() - start) / 1'000'000));
   switch (stop) {

@@ -1,6 +1,9 @@
 // Frame parsing and building. Every read is bounds-checked against the frame length first.
 #include "treeduce/protocol/wire.h"
 
+#include <nettle/hmac.h>
+#include <nettle/memops.h>
+
 #include <cstddef>
 
 namespace treeduce::proto {
@@ -95,6 +98,28 @@ std::size_t build_frame(std::uint8_t* out, const Endpoint& src, const Endpoint& 
   store_header(out + kFrameHeaderBytes - sizeof(TdHdr), td);
   if (payload_len != 0) std::memcpy(out + kFrameHeaderBytes, payload, payload_len);
   return kFrameHeaderBytes + payload_len;
+}
+
+be64 nack_mac(be64 contrib_key, const TdHdr& nack) noexcept {
+  // nettle, not OpenSSL: a context on the stack, no allocation, no algorithm fetch per call (a
+  // switch lcore computes this), and the digest call truncates as asked.
+  std::uint8_t key[sizeof(be64)];
+  std::memcpy(key, &contrib_key, sizeof key);
+  std::uint8_t msg[kNackMacCovered];
+  std::memcpy(msg, &nack, sizeof msg);
+  hmac_sha256_ctx ctx;
+  hmac_sha256_set_key(&ctx, sizeof key, key);
+  hmac_sha256_update(&ctx, sizeof msg, msg);
+  be64 mac;
+  std::uint8_t out[sizeof(be64)];
+  hmac_sha256_digest(&ctx, sizeof out, out);
+  std::memcpy(&mac, out, sizeof mac);
+  return mac;
+}
+
+bool nack_verifies(std::uint64_t key, const TdHdr& nack) noexcept {
+  const be64 want = nack_mac(be64::of(key), nack);
+  return memeql_sec(&want, &nack.key, sizeof want) != 0;
 }
 
 }  // namespace treeduce::proto

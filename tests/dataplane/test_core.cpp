@@ -221,7 +221,11 @@ TEST(CoreRefusals, EachReasonIsNackedAndCounted) {
     EXPECT_EQ(nack.opcode, static_cast<std::uint8_t>(Opcode::nack)) << name(c.want);
     EXPECT_EQ(nack.reason, static_cast<std::uint8_t>(c.want)) << name(c.want);
     EXPECT_EQ(nack.version, kProtocolVersion);
-    EXPECT_EQ(nack.key.get(), 0u);
+    // The key field is the MAC under the key the CONTRIB carried (here its sender's own, even
+    // for bad_key), and never the tree's key.
+    EXPECT_EQ(nack.key, proto::nack_mac(t.key, nack)) << name(c.want);
+    EXPECT_TRUE(proto::nack_verifies(t.key.get(), nack)) << name(c.want);
+    EXPECT_NE(nack.key.get(), tree_cfg(2, true).key) << name(c.want);
     EXPECT_EQ(out[0].payload_len, 0u);
     EXPECT_EQ(ip_of(out[0]).dst_addr.get(), src.ip);
     EXPECT_EQ(h.core.counters().drop(c.want), 1u) << name(c.want);
@@ -242,6 +246,30 @@ TEST(CoreRefusals, MismatchWithTheChunksFirstContribution) {
   SlotView v;
   ASSERT_EQ(h.core.slot_view(5, 0, 0, &v), 0);
   EXPECT_EQ(v.arrived, 1);
+}
+
+// bad_key and bad_source refusals (CONTRIB or RESULT) are noted for the switch's rate-limited
+// log with the address the frame claimed; other refusals are not; the array is bounded.
+TEST(CoreRefusals, ProbesAreNotedForTheLog) {
+  Harness h;
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
+  TdHdr t = hdr(Opcode::contrib, 0, 0, 4);
+  t.key.set(t.key.get() ^ 1);
+  h.feed(frame(child_ep(0), t, {1, 1, 1, 1}));                              // bad_key
+  h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 0, 4), {1, 1, 1, 1}));  // bad_source
+  h.feed(frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 65), std::vector<float>(65, 1.0f)));
+  ASSERT_EQ(h.core.probes().size(), 2u);
+  EXPECT_EQ(h.core.probes()[0].src_ip, child_ep(0).ip);
+  EXPECT_EQ(h.core.probes()[0].reason, DropReason::bad_key);
+  EXPECT_EQ(h.core.probes()[0].tree_id, 5);
+  EXPECT_EQ(h.core.probes()[1].src_ip, child_ep(1).ip);
+  EXPECT_EQ(h.core.probes()[1].reason, DropReason::bad_source);
+  h.core.clear_probes();
+  EXPECT_TRUE(h.core.probes().empty());
+  for (std::size_t i = 0; i < Core::kMaxProbes + 3; ++i)
+    h.feed(frame(child_ep(0), t, {1, 1, 1, 1}));
+  EXPECT_EQ(h.core.probes().size(), Core::kMaxProbes);
+  EXPECT_EQ(h.core.probes_lost(), 3u);
 }
 
 TEST(CoreRefusals, NacksAreNotAnsweredAndNotForUsIsSilent) {

@@ -85,6 +85,9 @@ class FakeSwitch {
     std::vector<TreeSwitch> models{};  // what the tree's static assignment says of its switches
     double loss = 0;
     std::uint64_t die_after = UINT64_MAX;  // datagrams received before it stops answering
+    // Answer every CONTRIB first with a forged NACK for its chunk (from the switch's own
+    // address: the most a spoofer can do), with no MAC or one under another key.
+    bool forge_nacks = false;
   };
 
   explicit FakeSwitch(const Config& cfg) : cfg_(cfg), rng_(12345) {
@@ -169,6 +172,8 @@ class FakeSwitch {
                                  reinterpret_cast<sockaddr*>(&src), &slen);
       if (n <= 0) continue;
       if (received_.fetch_add(1) + 1 > cfg_.die_after || lose()) continue;
+      if (cfg_.forge_nacks && static_cast<std::size_t>(n) >= sizeof(proto::TdHdr))
+        forge(src, frame);
       proto::Endpoint from;
       from.ip = ntohl(src.sin_addr.s_addr);
       from.port = ntohs(src.sin_port);
@@ -196,8 +201,21 @@ class FakeSwitch {
     }
   }
 
+  // A NACK for the CONTRIB in `frame` (after 42 bytes of room) that its sender must not believe.
+  void forge(const sockaddr_in& to, const std::vector<std::uint8_t>& frame) {
+    proto::TdHdr h = proto::load_header<proto::TdHdr>(frame.data() + 42);
+    if (h.opcode != static_cast<std::uint8_t>(proto::Opcode::contrib)) return;
+    h.opcode = static_cast<std::uint8_t>(proto::Opcode::nack);
+    h.reason = static_cast<std::uint8_t>(proto::Reason::bad_key);
+    h.count.set(0);
+    h.ncontrib.set(0);
+    h.key = forged_++ % 2 == 0 ? proto::be64::of(0) : proto::nack_mac(proto::be64::of(kKey ^ 1), h);
+    sendto(fd_, &h, sizeof h, 0, reinterpret_cast<const sockaddr*>(&to), sizeof to);
+  }
+
   Config cfg_;
   std::mt19937_64 rng_;
+  std::uint64_t forged_ = 0;
   int fd_ = -1;
   proto::Endpoint self_;
   std::vector<std::uint16_t> ports_;
@@ -857,8 +875,25 @@ TEST(Communicator, BlockingCallWaitsForQueuedOperations) {
   });
 }
 
+// Forged NACKs for every chunk in flight, from the switch's own address and port, with no MAC or
+// one under another key: libtreeduce ignores them all and every operation completes exactly on
+// the network path (with verification off, the first would fail it as refused).
+TEST(Communicator, ForgedNacksAreIgnored) {
+  constexpr std::uint32_t kWorld = 2;
+  FakeSwitch sw({.world = kWorld, .forge_nacks = true});
+  run_ranks(kWorld, [&](std::uint32_t rank) {
+    auto comm = make(sw.options(rank, "forged-nacks", Path::network));
+    ASSERT_NE(comm, nullptr);
+    EXPECT_TRUE(run_case(*comm, {DType::f32, ReduceOp::sum, 3000, 0}, false));
+    EXPECT_TRUE(run_case(*comm, {DType::i32, ReduceOp::max, 1000, 0}, true));
+    EXPECT_EQ(comm->stats().network_ops, 2u);
+    EXPECT_EQ(comm->stats().fallback_ops, 0u);
+  });
+}
+
 // A switch that refuses (here: the ranks carry the wrong job key, so it NACKs bad_key): the
-// network path reports the reason, auto redoes the operation on the hosts.
+// network path reports the reason, auto redoes the operation on the hosts. Its NACKs carry a
+// MAC under the key the ranks sent, so they verify.
 TEST(Communicator, SwitchRefusalFallsBack) {
   constexpr std::uint32_t kWorld = 2;
   FakeSwitch sw({.world = kWorld});

@@ -136,23 +136,78 @@ TEST(ProtocolEngine, RetransmitsWithExponentialBackoffThenTimesOut) {
   EXPECT_EQ(e.status(), Status::timeout);
 }
 
+// A switch's NACK for `p`, as core.cpp builds it: the header echoed, the MAC under the key the
+// CONTRIB carried.
+proto::TdHdr nack_for(const OutPacket& p, proto::Reason reason) {
+  proto::TdHdr n = p.td;
+  n.opcode = static_cast<std::uint8_t>(proto::Opcode::nack);
+  n.reason = static_cast<std::uint8_t>(reason);
+  n.count.set(0);
+  n.ncontrib.set(0);
+  n.key = proto::nack_mac(p.td.key, n);
+  return n;
+}
+
 TEST(ProtocolEngine, NackFailsWithTheReason) {
   ProtocolEngine e(cfg());
   std::vector<float> in(10), out(10);
   e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum);
   OutPacket p[4];
   ASSERT_EQ(e.poll(0, p, 4), 1u);
-  proto::TdHdr n = p[0].td;
-  n.opcode = static_cast<std::uint8_t>(proto::Opcode::nack);
-  n.reason = static_cast<std::uint8_t>(proto::Reason::bad_key);
-  n.key.set(0);
+  const proto::TdHdr n = nack_for(p[0], proto::Reason::bad_key);
   proto::TdHdr other = n;
   other.chunk.set(std::uint32_t{7});  // not in flight: ignored
+  other.key = proto::nack_mac(p[0].td.key, other);
   e.on_packet(other, nullptr, 0);
   EXPECT_EQ(e.status(), Status::running);
+  EXPECT_EQ(e.stats().ignored, 1u);
   e.on_packet(n, nullptr, 0);
   EXPECT_EQ(e.status(), Status::refused);
   EXPECT_EQ(e.nack_reason(), proto::Reason::bad_key);
+  EXPECT_EQ(e.stats().nack_unverified, 0u);
+}
+
+// Anyone who can send the host a datagram can forge a NACK's header; only the MAC tells the
+// switch's apart. Forged ones for a chunk in flight are ignored (counted), the chunk is
+// retransmitted on its timer as if the NACK were lost, and the collective completes exactly.
+TEST(ProtocolEngine, NackWhoseMacDoesNotVerifyIsIgnored) {
+  ProtocolEngine e(cfg());
+  std::vector<float> in(10), out(10, -1);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) * 0.5f;
+  ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
+  OutPacket p[4];
+  ASSERT_EQ(e.poll(0, p, 4), 1u);
+  const proto::TdHdr genuine = nack_for(p[0], proto::Reason::bad_source);
+  std::vector<proto::TdHdr> forged;
+  proto::TdHdr f = genuine;
+  f.key.set(0);  // a switch that predates the MAC, or a guess
+  forged.push_back(f);
+  f.key = proto::nack_mac(proto::be64::of(98), f);  // under another key
+  forged.push_back(f);
+  f.key = genuine.key;
+  f.reason = static_cast<std::uint8_t>(proto::Reason::bad_key);  // the MAC binds the reason
+  forged.push_back(f);
+  f = genuine;
+  f.key.raw ^= 1;  // one bit off
+  forged.push_back(f);
+  f = genuine;
+  f.key = p[0].td.key;  // the job's key itself is no MAC
+  forged.push_back(f);
+  for (const proto::TdHdr& n : forged) e.on_packet(n, nullptr, 0);
+  EXPECT_EQ(e.status(), Status::running);
+  EXPECT_EQ(e.stats().nack_unverified, forged.size());
+  EXPECT_EQ(e.nack_reason(), proto::Reason::none);
+  // The timer runs on: the same CONTRIB again.
+  OutPacket r[4];
+  ASSERT_EQ(e.poll(e.next_deadline(), r, 4), 1u);
+  EXPECT_EQ(e.stats().retransmits, 1u);
+  EXPECT_EQ(r[0].td.chunk.get(), p[0].td.chunk.get());
+  std::vector<float> sum(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) sum[i] = in[i] * 4;
+  e.on_packet(result_for(r[0]), reinterpret_cast<const std::uint8_t*>(sum.data()),
+              sum.size() * sizeof(float));
+  EXPECT_EQ(e.status(), Status::done);
+  EXPECT_EQ(out, sum);
 }
 
 TEST(ProtocolEngine, ResultsAreChecked) {

@@ -59,11 +59,11 @@ std::vector<Frame> read_pcap(const std::string& path) {
 }
 
 constexpr const char* kFields[] = {
-    "treeduce.version",    "treeduce.opcode",     "treeduce.dtype",       "treeduce.op",
-    "treeduce.tree_id",    "treeduce.child",      "treeduce.slot",        "treeduce.slot_ver",
-    "treeduce.reason",     "treeduce.count",      "treeduce.ncontrib",    "treeduce.chunk",
-    "treeduce.seq",        "treeduce.key",        "treeduce.value.float", "treeduce.value.int",
-    "treeduce.value.uint", "treeduce.value.index"};
+    "treeduce.version",    "treeduce.opcode",      "treeduce.dtype",       "treeduce.op",
+    "treeduce.tree_id",    "treeduce.child",       "treeduce.slot",        "treeduce.slot_ver",
+    "treeduce.reason",     "treeduce.count",       "treeduce.ncontrib",    "treeduce.chunk",
+    "treeduce.seq",        "treeduce.key",         "treeduce.value.float", "treeduce.value.int",
+    "treeduce.value.uint", "treeduce.value.index", "treeduce.nack_mac"};
 constexpr std::size_t kNumFields = std::size(kFields);
 
 // One line of fields per frame, fields separated by tabs, repeated values by commas.
@@ -89,15 +89,17 @@ std::string hex_key(std::uint64_t k) {
   return s;
 }
 
-// The header fields as tshark prints them, from the frame's own bytes.
+// The header fields as tshark prints them, from the frame's own bytes: a NACK's bytes 24-31 are
+// its MAC (treeduce.nack_mac, the last column), no key.
 std::vector<std::string> header_fields(const TdHdr& h) {
+  const bool nack = h.opcode == static_cast<std::uint8_t>(Opcode::nack);
   return {std::to_string(h.version),        std::to_string(h.opcode),
           std::to_string(h.dtype),          std::to_string(h.op),
           std::to_string(h.tree_id.get()),  std::to_string(h.child.get()),
           std::to_string(h.slot.get()),     std::to_string(h.slot_ver),
           std::to_string(h.reason),         std::to_string(h.count.get()),
           std::to_string(h.ncontrib.get()), std::to_string(h.chunk.get()),
-          std::to_string(h.seq.get()),      hex_key(h.key.get())};
+          std::to_string(h.seq.get()),      nack ? "" : hex_key(h.key.get())};
 }
 
 const Endpoint kHost{{0x02, 0, 0, 0, 0, 1}, 0x0A010001, 50000};
@@ -302,7 +304,7 @@ TEST(Dissector, DecodesEveryTypeOpcodeAndReason) {
     TdHdr h = header(Opcode::nack, DType::f32, ReduceOp::sum, 0);
     h.reason = static_cast<std::uint8_t>(r);
     h.ncontrib.set(0);
-    h.key.set(0);
+    h.key = nack_mac(be64::of(0x0123456789ABCDEFull), h);
     frames.push_back(frame(kSwitch, kHost, h, {}));
     headers.push_back(h);
     want.emplace_back();
@@ -317,6 +319,8 @@ TEST(Dissector, DecodesEveryTypeOpcodeAndReason) {
                  << "frame " << i + 1 << " dtype " << name(static_cast<DType>(headers[i].dtype)));
     const auto fields = header_fields(headers[i]);
     for (std::size_t k = 0; k < fields.size(); ++k) EXPECT_EQ(rows[i][k], fields[k]) << kFields[k];
+    const bool nack = headers[i].opcode == static_cast<std::uint8_t>(Opcode::nack);
+    EXPECT_EQ(rows[i][18], nack ? hex_key(headers[i].key.get()) : "") << "treeduce.nack_mac";
     const auto floats = split(rows[i][14], ',');
     const auto ints = split(rows[i][15].empty() ? rows[i][16] : rows[i][15], ',');
     const auto idx = split(rows[i][17], ',');

@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 #include "treeduce/protocol/reasons.h"
@@ -176,6 +178,59 @@ TEST(Wire, TheDocumentedCodeTablesAreTheCodes) {
   }
   // Nothing beyond the last codes: the next one would be a new row.
   EXPECT_EQ(doc.find("\n| " + std::to_string(kNumDTypes) + " | `"), std::string::npos);
+}
+
+/// The bytes after `label` on its line of docs/protocol.md, as hex pairs.
+std::vector<std::uint8_t> doc_hex(const std::string& doc, const std::string& label) {
+  const std::size_t at = doc.find("\n" + label);
+  if (at == std::string::npos) return {};
+  const std::size_t start = at + 1 + label.size();
+  std::istringstream line(doc.substr(start, doc.find('\n', start) - start));
+  std::vector<std::uint8_t> out;
+  for (std::string b; line >> b;)
+    out.push_back(static_cast<std::uint8_t>(std::stoul(b, nullptr, 16)));
+  return out;
+}
+
+// The test vector of docs/protocol.md section 2.2, read from the page: its message is the NACK
+// header the fields it names make, and nack_mac() gives its MAC.
+TEST(NackMac, TheDocumentedTestVector) {
+  std::ifstream in(std::string(TREEDUCE_SOURCE_ROOT) + "/docs/protocol.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  const auto key = doc_hex(doc, "nack-mac key:");
+  const auto msg = doc_hex(doc, "nack-mac message:");
+  const auto mac = doc_hex(doc, "nack-mac result:");
+  ASSERT_EQ(key.size(), 8u);
+  ASSERT_EQ(msg.size(), kNackMacCovered);
+  ASSERT_EQ(mac.size(), 8u);
+  TdHdr n{};
+  n.version = kProtocolVersion;
+  n.opcode = static_cast<std::uint8_t>(Opcode::nack);
+  n.dtype = static_cast<std::uint8_t>(DType::f32);
+  n.op = static_cast<std::uint8_t>(ReduceOp::sum);
+  n.tree_id.set(7);
+  n.child.set(2);
+  n.slot.set(13 % 8);
+  n.slot_ver = (13 / 8) % 2;
+  n.reason = static_cast<std::uint8_t>(Reason::bad_key);
+  n.chunk.set(13);
+  n.seq.set(3);
+  EXPECT_EQ(std::memcmp(&n, msg.data(), msg.size()), 0) << "the message is the NACK's bytes 0-23";
+  const be64 contrib_key = be64::of(0x0123456789ABCDEFull);
+  EXPECT_EQ(std::memcmp(&contrib_key, key.data(), 8), 0) << "the key bytes are big-endian";
+  n.key = nack_mac(contrib_key, n);
+  EXPECT_EQ(std::memcmp(&n.key, mac.data(), 8), 0);
+  EXPECT_TRUE(nack_verifies(0x0123456789ABCDEFull, n));
+  EXPECT_FALSE(nack_verifies(0x0123456789ABCDEEull, n));
+  // Every other field is bound: changing any of bytes 0-23 breaks the MAC.
+  for (std::size_t i = 0; i < kNackMacCovered; ++i) {
+    TdHdr m = n;
+    reinterpret_cast<std::uint8_t*>(&m)[i] ^= 0x10;
+    EXPECT_FALSE(nack_verifies(0x0123456789ABCDEFull, m)) << "byte " << i;
+  }
 }
 
 }  // namespace

@@ -139,6 +139,16 @@ void Fabric::inject(int sw, std::vector<std::uint8_t> frame, std::uint64_t at_ns
   send_raw(static_cast<int>(id), std::move(frame), at_ns);
 }
 
+void Fabric::inject_to_address(std::vector<std::uint8_t> frame, std::uint64_t at_ns) {
+  const auto ip = dp::load_header<dp::Ipv4Hdr>(frame.data() + sizeof(dp::EtherHdr));
+  const auto it = by_ip_.find(ip.dst_addr.get());
+  if (it == by_ip_.end()) {
+    ++stats_.unroutable;
+    return;
+  }
+  send_raw(it->second, std::move(frame), at_ns);
+}
+
 void Fabric::send(const std::uint8_t* frame, std::size_t len) {
   ++stats_.sent;
   const auto ip = dp::load_header<dp::Ipv4Hdr>(frame + sizeof(dp::EtherHdr));

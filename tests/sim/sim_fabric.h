@@ -95,6 +95,9 @@ class Fabric {
   void check_results_in_flight(bool on) { check_results_ = on; }
   /// Deliver a frame to a switch at virtual time `at_ns` (for injected bad traffic).
   void inject(int sw, std::vector<std::uint8_t> frame, std::uint64_t at_ns);
+  /// Deliver a frame to the node that has its IPv4 destination address (a host too) at virtual
+  /// time `at_ns`, over no link (for spoofed traffic to hosts).
+  void inject_to_address(std::vector<std::uint8_t> frame, std::uint64_t at_ns);
 
   dp::Core& core(int sw) { return *switches_[static_cast<std::size_t>(sw)].core; }
   const dp::Endpoint& switch_addr(int sw) const {

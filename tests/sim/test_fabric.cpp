@@ -373,6 +373,51 @@ TEST(Fabric, TreeInstalledWhileAnotherJobRuns) {
   expect_exact_counts(fab, fab.job(1), fab.job(1).root, true, "job b");
 }
 
+// Spoofed NACKs: a stranger who knows everything of the headers but the job's key sends every
+// host, throughout the run and from the leaf switch's own address, a NACK for every chunk of
+// every collective, with no MAC (key 0, as a switch that predates the MAC sends) or a MAC under a
+// wrong key. The hosts ignore them all (counted as nack_unverified), and every collective
+// completes exactly. The genuine NACKs of TreeRemovedWhileRunningRefusesHosts still refuse.
+TEST(Fabric, SpoofedNacksAreIgnoredAndCollectivesCompleteExactly) {
+  Scenario s;
+  s.fanins = {4};
+  s.link = lossy(0.02);
+  s.slots = 4;
+  s.bytes = 4096;
+  Fabric fab(s.seed, s.link);
+  std::mt19937_64 rng(s.data_seed);
+  TopoNode root = build_tree(fab, s.fanins);
+  const JobSpec spec = make_job(s, root, rng);
+  ASSERT_EQ(fab.add_job(spec), 0);
+  const std::size_t per_coll = total_chunks(spec) / spec.inputs.size();
+  std::uint64_t spoofed = 0;
+  for (std::uint64_t t = 500; t < 300'000; t += 7'000) {
+    for (const HostNode* h : fab.hosts(0)) {
+      for (std::uint32_t chunk = 0; chunk < total_chunks(spec); ++chunk) {
+        dp::TdHdr n = contrib_hdr(s.tree_id, 0, chunk, s.slots,
+                                  static_cast<std::uint32_t>(chunk / per_coll), h->index, 0);
+        n.opcode = static_cast<std::uint8_t>(dp::Opcode::nack);
+        n.reason = static_cast<std::uint8_t>(dp::DropReason::bad_dtype_op);
+        n.ncontrib.set(0);
+        if ((chunk + t / 7'000) % 2 == 1) n.key = proto::nack_mac(proto::be64::of(s.key ^ 1), n);
+        fab.inject_to_address(frame_from(fab.switch_addr(0), h->addr, n, 0), t);
+        ++spoofed;
+      }
+    }
+  }
+  ASSERT_TRUE(fab.run());
+  expect_results(fab, 0, "spoofed NACKs");
+  std::uint64_t unverified = 0;
+  for (const HostNode* h : fab.hosts(0)) {
+    EXPECT_EQ(h->final_status, host::Status::done);
+    EXPECT_EQ(h->engine->nack_reason(), proto::Reason::none);
+    unverified += h->engine->stats().nack_unverified;
+  }
+  // Those for a chunk then in flight reached the MAC check; the rest were not in flight.
+  EXPECT_GT(unverified, 0u);
+  EXPECT_LT(unverified, spoofed);
+}
+
 // A tree removed while its packets flow: the rest are dropped as unknown_tree and NACKed, and the
 // hosts learn why.
 TEST(Fabric, TreeRemovedWhileRunningRefusesHosts) {

@@ -637,12 +637,13 @@ void check_config(const std::string& cfg, const std::vector<dp::TreeConfig>& tre
   }
 }
 
-/// Runs a scenario end to end; `semantics` checks the daemon's output by hand.
+/// Runs a scenario end to end; `semantics` checks the daemon's output by hand. Returns the
+/// daemon's log.
 using Semantics = std::function<void(const std::vector<Frame>& out)>;
-void run_scenario(const std::string& name, const std::string& cfg,
-                  const std::vector<dp::TreeConfig>& trees, const Input& input,
-                  const Semantics& semantics, const Counts& want_drops = {},
-                  const Counts& want_events = {}, Counts want_daemon = {}) {
+std::string run_scenario(const std::string& name, const std::string& cfg,
+                         const std::vector<dp::TreeConfig>& trees, const Input& input,
+                         const Semantics& semantics, const Counts& want_drops = {},
+                         const Counts& want_events = {}, Counts want_daemon = {}) {
   check_config(cfg, trees);
   Reference ref(trees);
   const std::vector<Frame> want = ref.run(input.frames);
@@ -682,7 +683,7 @@ void run_scenario(const std::string& name, const std::string& cfg,
   const Run r = run_daemon(cfg, input.frames);
   EXPECT_FALSE(r.timed_out) << "treeduce-switch ran for 30 s and was killed; its log:\n" << r.log;
   EXPECT_EQ(r.exit_code, 0) << "treeduce-switch failed; its log:\n" << r.log;
-  if (r.exit_code != 0) return;
+  if (r.exit_code != 0) return r.log;
 
   // 1. The daemon sends what the core and answer_neighbor produce; it sets the MACs.
   EXPECT_EQ(r.out.size(), want.size()) << "frames sent";
@@ -756,6 +757,7 @@ void run_scenario(const std::string& name, const std::string& cfg,
   // 4. Golden files: the input (so that a change in how it is built shows) and the output.
   check_golden(name + "-in.pcap", input.frames);
   check_golden(name + "-out.pcap", r.out);
+  return r.log;
 }
 
 // ---- semantic helpers ------------------------------------------------------------------------
@@ -815,10 +817,12 @@ void expect_nack(const Frame& f, const Frame& refused, const dp::Endpoint& to,
   echo.reason = static_cast<std::uint8_t>(reason);
   echo.count.set(0);
   echo.ncontrib.set(0);
-  echo.key.set(0);
+  // The key field: the MAC under the key the refused CONTRIB carried, never a key.
+  echo.key = proto::nack_mac(td_of(refused).key, echo);
   EXPECT_EQ(n.reason, static_cast<std::uint8_t>(reason))
       << "NACK reason " << static_cast<int>(n.reason) << ", want " << dp::name(reason);
   EXPECT_EQ(std::memcmp(&n, &echo, sizeof n), 0) << "the NACK echoes the refused header";
+  EXPECT_NE(n.key, td_of(refused).key) << "the key never travels back";
 }
 
 Frame add_f32(const std::vector<std::vector<float>>& xs) {
@@ -1171,24 +1175,37 @@ TEST(SwitchdPcap, Refusals) {
                 "RESULT 3");
     }
   };
-  run_scenario("refusals", "basic.yaml", {t}, in, semantics,
-               {{"bad_key", 2},
-                {"unknown_tree", 1},
-                {"bad_version", 1},
-                {"bad_child", 1},
-                {"bad_source", 1},
-                {"bad_count", 2},
-                {"bad_length", 1},
-                {"bad_dtype_op", 2},
-                {"bad_slot", 1},
-                {"bad_ncontrib", 1},
-                {"chunk_mismatch", 1},
-                {"stale_chunk", 1},
-                {"stale_seq", 2},
-                {"unexpected_result", 1},
-                {"nack_received", 1},
-                {"bad_opcode", 1}},
-               {{"nack_sent", 13}, {"contrib_accepted", 5}, {"result_multicast", 1}});
+  const std::string log =
+      run_scenario("refusals", "basic.yaml", {t}, in, semantics,
+                   {{"bad_key", 2},
+                    {"unknown_tree", 1},
+                    {"bad_version", 1},
+                    {"bad_child", 1},
+                    {"bad_source", 1},
+                    {"bad_count", 2},
+                    {"bad_length", 1},
+                    {"bad_dtype_op", 2},
+                    {"bad_slot", 1},
+                    {"bad_ncontrib", 1},
+                    {"chunk_mismatch", 1},
+                    {"stale_chunk", 1},
+                    {"stale_seq", 2},
+                    {"unexpected_result", 1},
+                    {"nack_received", 1},
+                    {"bad_opcode", 1}},
+                   {{"nack_sent", 13}, {"contrib_accepted", 5}, {"result_multicast", 1}});
+  // The probes are in the log (rate-limited lines from the neighbour thread, the last ones
+  // written at shutdown); the other refusals are not.
+  EXPECT_NE(log.find("probe from 10.1.0.99: 1 refused as bad_source (not the member's address), "
+                     "last for tree " +
+                     std::to_string(t.tree_id)),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("probe from 10.1.0.10: "), std::string::npos) << log;
+  EXPECT_NE(log.find("refused as bad_key (wrong job key)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("probe from 10.1.0.11"), std::string::npos)
+      << "host 1's refusals (bad_dtype_op, chunk_mismatch) are no probes:\n"
+      << log;
 }
 
 // ---- scenario 4: malformed frames ------------------------------------------------------------

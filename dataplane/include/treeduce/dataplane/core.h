@@ -10,15 +10,18 @@
 /// docs/switch-core.md.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "treeduce/aggregation/dtype.h"
 #include "treeduce/common/status.h"
 #include "treeduce/dataplane/counters.h"
+#include "treeduce/dataplane/probe_log.h"
 #include "treeduce/protocol/tree.h"
 #include "treeduce/protocol/wire.h"
 
@@ -164,6 +167,15 @@ class Core {
 
   const CoreConfig& config() const noexcept { return cfg_; }
 
+  /// Refusals that may be someone probing (bad_key, bad_source) since the last clear_probes(),
+  /// in order: where each frame claimed to come from, for the caller's rate-limited log
+  /// (probe_log.h). At most kMaxProbes (more than one process_burst() call can refuse); the
+  /// rest only counted (probes_lost()). Same thread as process_burst().
+  static constexpr std::size_t kMaxProbes = 256;
+  std::span<const Probe> probes() const noexcept { return {probes_.data(), nprobes_}; }
+  std::uint64_t probes_lost() const noexcept { return probes_lost_; }
+  void clear_probes() noexcept { nprobes_ = 0; }
+
  private:
   struct Chunk;  // a CONTRIB's or RESULT's checked header fields and its slot version
 
@@ -195,6 +207,9 @@ class Core {
   /// Tree is deleted by remove_tree(), destroy_tree() after unpublish_tree(), or ~Core().
   std::unique_ptr<std::atomic<Tree*>[]> trees_;
   std::size_t ntrees_ = 0;
+  std::array<Probe, kMaxProbes> probes_{};
+  std::size_t nprobes_ = 0;
+  std::uint64_t probes_lost_ = 0;
 };
 
 }  // namespace treeduce::dp

@@ -54,6 +54,9 @@ struct EngineStats {
   std::uint64_t results = 0;     ///< results accepted
   std::uint64_t duplicates = 0;  ///< results for chunks already done (harmless)
   std::uint64_t ignored = 0;     ///< packets for another tree, key, collective or chunk
+  /// NACKs for a chunk in flight whose MAC did not verify (spoofed, or from a switch that
+  /// predates the MAC): ignored, the chunk's timer runs on.
+  std::uint64_t nack_unverified = 0;
 };
 
 class ProtocolEngine {
