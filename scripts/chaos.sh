@@ -4,7 +4,7 @@
 # wrong, nothing hung beyond the documented bound and nothing was left behind.
 #
 #   scripts/chaos.sh [--duration S | --faults N] [--seed N] [--build DIR] [--name LAB]
-#                    [--topology ARGS] [--keep-logs DIR]
+#                    [--topology ARGS] [--keep-logs DIR] [--skip-unless-root]
 #
 # Faults (kinds drawn from the seed, as are their targets and times; the same seed gives the same
 # schedule): kill -9 of a switch (restarted after a pause), of the manager (restarted from its
@@ -12,8 +12,10 @@
 # flap (down, then up). Exit status 0 when every completed collective was exact (in the network
 # or, said loudly, on the hosts), none took longer than the bound, every job ended by itself
 # after the faults stopped, and the manager and every switch hold no job, tree, slot or lease;
-# 1 otherwise; 2 on a bad command line. Needs root (network namespaces); run it under
-# `flock /tmp/treeduce-netns.lock` where other labs may start.
+# 1 otherwise; 2 on a bad command line (77, meson's skip, without root and --skip-unless-root:
+# the slow suite's lab-chaos). Needs root (network namespaces); run it under
+# `flock /tmp/treeduce-netns.lock` where other labs may start. --keep-logs DIR keeps the ranks'
+# output, the fault log and the lab's own logs (switches, manager) there.
 set -euo pipefail
 
 duration=600
@@ -23,6 +25,7 @@ build=""
 name="chaos"
 topology="--fat-tree 4"
 keep_logs=""
+skip_unless_root=0
 op_timeout_ms=20000
 join_timeout_ms=20000
 usage() {
@@ -38,6 +41,7 @@ while [ $# -gt 0 ]; do
     --name) name=${2:?}; shift 2 ;;
     --topology) topology=${2:?}; shift 2 ;;
     --keep-logs) keep_logs=${2:?}; shift 2 ;;
+    --skip-unless-root) skip_unless_root=1; shift ;;
     -h | --help) usage ;;
     *) echo "chaos.sh: unknown argument '$1'." >&2; usage ;;
   esac
@@ -47,6 +51,10 @@ for v in "$duration" "$faults"; do
 done
 [ -n "$seed" ] || seed=$(( $(date +%s) % 1000000 ))
 [[ $seed =~ ^[0-9]+$ ]] || { echo "chaos.sh: --seed takes a whole number." >&2; exit 2; }
+if [ "$(id -u)" -ne 0 ] && [ "$skip_unless_root" -eq 1 ]; then
+  echo "chaos.sh: skipped: needs root (network namespaces)." >&2
+  exit 77
+fi
 [ "$(id -u)" -eq 0 ] || { echo "chaos.sh needs root (network namespaces); run it with sudo." >&2; exit 2; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -69,6 +77,9 @@ job_pids=()
 cleanup() {
   touch "$work/stop" 2>/dev/null || true
   for p in "${job_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [ -n "$keep_logs" ] && [ -n "${state:-}" ]; then
+    mkdir -p "$work/lab" && cp "$(dirname "$state")"/*.log "$work/lab/" 2>/dev/null || true
+  fi
   lab down >/dev/null 2>&1 || true
   if [ -n "$keep_logs" ]; then mkdir -p "$keep_logs" && cp -r "$work"/. "$keep_logs"/ || true; fi
   rm -rf "$work"

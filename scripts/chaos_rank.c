@@ -2,21 +2,24 @@
  * only (docs/host.md); the script builds it with `cc chaos_rank.c $(pkg-config --cflags --libs
  * treeduce)` against the build tree.
  *
- *   chaos_rank --stop FILE [--count N (65536)] [--op-timeout-ms T] [--join-timeout-ms J] [--tag TAG]
+ *   chaos_rank --stop FILE [--count N (65536)] [--op-timeout-ms T] [--join-timeout-ms J]
+ *              [--tag TAG]
  *
  * Joins the job `treeduce lab run` gives it (its TREEDUCE_* variables) with the given timeouts,
- * then runs allreduces until a rank finds FILE (the ranks vote on it every 16 collectives): collective k alternates i32 sum and f32 sum of N
- * elements whose exact result it knows (rank r's element i is (r + 1) * ((i + k) % 1000 + 1):
- * small integers, so the f32 sum is exact in any order). One line per collective on stdout:
+ * then runs allreduces until a rank finds FILE (the ranks vote on it every 16 collectives):
+ * collective k alternates i32 sum and f32 sum of N elements whose exact result it knows (rank r's
+ * element i is (r + 1) * ((i + k) % 1000 + 1): small integers, so the f32 sum is exact in any
+ * order). One line per collective on stdout:
  *
  *   chaos: TAG rank R collective K ok-network|ok-host|failed|WRONG MS [what]
  *
  * ok-network / ok-host: exact, and where it was reduced (from the communicator's counters);
  * failed: the call returned an error (its sentence follows); WRONG: the call said ok and an
  * element differs (never acceptable). MS is the call's wall time in milliseconds, which the
- * script compares with the documented bound. A failed vote is a line "vote K failed". After a failed or wrong collective the rank stops
- * (its communicator may no longer agree with the others'), exit status 1; 0 when it stopped at
- * FILE; 2 on a bad command line. TAG (default "-") names the job in the script's logs. */
+ * script compares with the documented bound. A failed vote is a line "vote K failed". After a
+ * failed or wrong collective the rank stops (its communicator may no longer agree with the
+ * others'), exit status 1; 0 when it stopped at FILE; 2 on a bad command line. TAG (default "-")
+ * names the job in the script's logs. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,15 +66,16 @@ int main(int argc, char** argv) {
     } else if (i + 1 < argc && strcmp(argv[i], "--tag") == 0) {
       tag = argv[++i];
     } else {
-      fprintf(stderr, "usage: chaos_rank --stop FILE [--count N] [--op-timeout-ms T] "
-                      "[--join-timeout-ms J] [--tag TAG]\n");
+      fprintf(stderr,
+              "usage: chaos_rank --stop FILE [--count N] [--op-timeout-ms T] "
+              "[--join-timeout-ms J] [--tag TAG]\n");
       return 2;
     }
   }
-  if (stop == NULL || count == 0 || count > 1000000 || op_timeout_ms == 0 ||
-      join_timeout_ms == 0) {
-    fprintf(stderr, "chaos_rank: --stop is required, --count is 1 to 1000000 and the timeouts "
-                    "are at least 1 ms.\n");
+  if (stop == NULL || count == 0 || count > 1000000 || op_timeout_ms == 0 || join_timeout_ms == 0) {
+    fprintf(stderr,
+            "chaos_rank: --stop is required, --count is 1 to 1000000 and the timeouts "
+            "are at least 1 ms.\n");
     return 2;
   }
   tdr_options_t opt;
@@ -86,8 +90,9 @@ int main(int argc, char** argv) {
   opt.join_timeout_ms = join_timeout_ms;
   if (opt.job == NULL || opt.manager == NULL || !env_u32("TREEDUCE_RANK", &opt.rank) ||
       !env_u32("TREEDUCE_WORLD_SIZE", &opt.world_size)) {
-    fprintf(stderr, "chaos_rank: run it under `treeduce lab run` (TREEDUCE_JOB, TREEDUCE_MANAGER, "
-                    "TREEDUCE_RANK and TREEDUCE_WORLD_SIZE must be set).\n");
+    fprintf(stderr,
+            "chaos_rank: run it under `treeduce lab run` (TREEDUCE_JOB, TREEDUCE_MANAGER, "
+            "TREEDUCE_RANK and TREEDUCE_WORLD_SIZE must be set).\n");
     return 2;
   }
   const uint32_t rank = opt.rank, size = opt.world_size;
@@ -148,13 +153,14 @@ int main(int argc, char** argv) {
       const int ok = as_float ? fbuf[i] == (float)want : ibuf[i] == (int32_t)want;
       if (!ok && wrong++ == 0) first = i;
     }
-    const char* outcome = wrong != 0                                  ? "WRONG"
+    const char* outcome = wrong != 0                                 ? "WRONG"
                           : after.fallback_ops > before.fallback_ops ? "ok-host"
-                                                                      : "ok-network";
+                                                                     : "ok-network";
     if (wrong != 0) {
-      printf("chaos: %s rank %u collective %llu WRONG %.0f %zu of %zu %s elements wrong, the first "
-             "at %zu\n",
-             tag, rank, (unsigned long long)k, ms, wrong, count, as_float ? "f32" : "i32", first);
+      printf(
+          "chaos: %s rank %u collective %llu WRONG %.0f %zu of %zu %s elements wrong, the first "
+          "at %zu\n",
+          tag, rank, (unsigned long long)k, ms, wrong, count, as_float ? "f32" : "i32", first);
       status = 1;
       break;
     }
