@@ -137,13 +137,14 @@ done
 # The fault schedule: bash's RANDOM seeded, so that a seed gives one schedule.
 RANDOM=$seed
 declare -A fault_count=()
-pick() { local -n a=$1; echo "${a[RANDOM % ${#a[@]}]}"; }
+# pick ARRAY sets target (no $(...): a subshell reseeds RANDOM, which would break the schedule)
+pick() { local -n a=$1; target=${a[RANDOM % ${#a[@]}]}; }
 pause() { sleep "$(( $1 + RANDOM % ($2 - $1 + 1) ))"; }
 inject() {
   local kind=$1 target
   case $kind in
     kill-switch)
-      target=$(pick switches)
+      pick switches
       echo "chaos: fault $n: kill -9 switch $target"
       lab fault kill "$target" >/dev/null || return 1
       pause 1 5
@@ -165,14 +166,14 @@ inject() {
         echo "chaos: fault $n: kill -9 a rank of job$j: none running (between runs)"
       fi ;;
     loss-burst)
-      target=$(pick links)
+      pick links
       local loss=$(( 10 + RANDOM % 41 ))
       echo "chaos: fault $n: loss 0.$loss on link $target"
       lab fault set "$target" --loss "0.$loss" >/dev/null || return 1
       pause 2 6
       lab fault clear "$target" >/dev/null || return 1 ;;
     link-flap)
-      target=$(pick links)
+      pick links
       echo "chaos: fault $n: link $target down"
       lab fault down "$target" >/dev/null || return 1
       pause 1 4
