@@ -28,6 +28,9 @@ keep_logs=""
 skip_unless_root=0
 op_timeout_ms=20000
 join_timeout_ms=20000
+# Collectives per job run: a job that fell back stays on the host path, so jobs end and start
+# again (a new tree each time, which the leftover checks then cover too).
+per_run=1000
 usage() {
   sed -n '5,6p' "$0" | sed 's/^# *//' >&2
   exit 2
@@ -125,6 +128,7 @@ job_loop() {
     "$cli" lab run --name "$name" --hosts "$hosts" --master-port $(( 29500 + j )) -- \
       "$work/chaos_rank" --stop "$work/stop" --tag "job$j.$run" \
       --op-timeout-ms "$op_timeout_ms" --join-timeout-ms "$join_timeout_ms" \
+      --collectives "$per_run" \
       >>"$work/job$j.log" 2>&1 || true
   done
 }

@@ -3,10 +3,11 @@
  * treeduce)` against the build tree.
  *
  *   chaos_rank --stop FILE [--count N (65536)] [--op-timeout-ms T] [--join-timeout-ms J]
- *              [--tag TAG]
+ *              [--collectives N] [--tag TAG]
  *
  * Joins the job `treeduce lab run` gives it (its TREEDUCE_* variables) with the given timeouts,
- * then runs allreduces until a rank finds FILE (the ranks vote on it every 16 collectives):
+ * then runs allreduces until a rank finds FILE (the ranks vote on it every 16 collectives), or N
+ * of them with --collectives N:
  * collective k alternates i32 sum and f32 sum of N elements whose exact result it knows (rank r's
  * element i is (r + 1) * ((i + k) % 1000 + 1): small integers, so the f32 sum is exact in any
  * order). One line per collective on stdout:
@@ -18,8 +19,8 @@
  * element differs (never acceptable). MS is the call's wall time in milliseconds, which the
  * script compares with the documented bound. A failed vote is a line "vote K failed". After a
  * failed or wrong collective the rank stops (its communicator may no longer agree with the
- * others'), exit status 1; 0 when it stopped at FILE; 2 on a bad command line. TAG (default "-")
- * names the job in the script's logs. */
+ * others'), exit status 1; 0 when it stopped at FILE or after N; 2 on a bad command line. TAG
+ * (default "-") names the job in the script's logs. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   uint32_t op_timeout_ms = 20000, join_timeout_ms = 20000;
   const char* stop = NULL;
   const char* tag = "-";
+  uint64_t limit = 0;
   for (int i = 1; i < argc; ++i) {
     if (i + 1 < argc && strcmp(argv[i], "--count") == 0) {
       count = strtoul(argv[++i], NULL, 10);
@@ -63,6 +65,8 @@ int main(int argc, char** argv) {
       join_timeout_ms = (uint32_t)strtoul(argv[++i], NULL, 10);
     } else if (i + 1 < argc && strcmp(argv[i], "--stop") == 0) {
       stop = argv[++i];
+    } else if (i + 1 < argc && strcmp(argv[i], "--collectives") == 0) {
+      limit = strtoull(argv[++i], NULL, 10);
     } else if (i + 1 < argc && strcmp(argv[i], "--tag") == 0) {
       tag = argv[++i];
     } else {
@@ -113,7 +117,7 @@ int main(int argc, char** argv) {
   }
   const int64_t ranks_sum = (int64_t)size * (size + 1) / 2;
   int status = 0;
-  for (uint64_t k = 0;; ++k) {
+  for (uint64_t k = 0; limit == 0 || k < limit; ++k) {
     /* Every 16 collectives the ranks agree whether to stop (a 1-element i32 max of "the stop file
      * exists"): a rank that stopped on its own would leave the others in a collective it never
      * joins, which they would end as a failure. */
