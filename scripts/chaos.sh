@@ -32,7 +32,7 @@ join_timeout_ms=20000
 # again (a new tree each time, which the leftover checks then cover too).
 per_run=1000
 usage() {
-  sed -n '5,6p' "$0" | sed 's/^# *//' >&2
+  sed -n '6,7p' "$0" | sed 's/^# //' >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
