@@ -34,6 +34,7 @@ Status ProtocolEngine::enqueue(const void* send, void* recv, std::size_t count, 
     feed_ = 0;
     nack_reason_ = proto::Reason::none;
     for (auto& s : slots_) s = SlotState{};
+    probe_active_ = false;
   }
   // The stream continues where the last collective ended: the window rule (send chunk c+S only
   // after the result of chunk c) must hold across collectives, or a fast host could overwrite a
@@ -113,10 +114,22 @@ std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t 
       out[n++] = make_packet(s);
       ++stats_.sent;
     } else if (s.deadline <= now) {
+      // Adaptive timer: while a retransmitted chunk (the probe) has had no RESULT come back, and
+      // no other RESULT came since it went, the stream looks stalled, not lossy: another chunk
+      // whose timer runs out waits one more timeout, once, instead of going again too (a
+      // descheduled rank stalls every chunk of the window at once). Once only: ranks whose
+      // probes wait for each other's deferred chunks would otherwise wait for ever.
+      if (cfg_.adaptive_rto && probe_active_ && probe_chunk_ != s.chunk && !s.deferred) {
+        s.deferred = true;
+        s.deadline = now + s.rto;
+        continue;
+      }
       if (s.retries >= cfg_.max_retries) {
         finish(Status::timeout);
         return n;
       }
+      probe_active_ = true;
+      probe_chunk_ = s.chunk;
       ++s.retries;
       s.retx_at = now;
       s.rto = std::min(s.rto * 2, cfg_.rto_max_ns);
@@ -176,6 +189,7 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
     return;
   }
   std::memcpy(c.recv + first * dtype_size(c.dtype), payload, len);
+  probe_active_ = false;  // a RESULT came: the stream moves
   if (now != kNoTime) take_sample(s, now);
   s.active = false;
   ++stats_.results;
@@ -214,7 +228,7 @@ void ProtocolEngine::take_sample(const SlotState& s, std::uint64_t now) {
     newest_answered_ = s.chunk;
   }
   answered_any_ = true;
-  if (!cfg_.adaptive_rto || overtaken || now < s.sent_at) return;
+  if (!cfg_.adaptive_rto || overtaken || s.deferred || now < s.sent_at) return;
   if (s.retries != 0) {
     const bool needless = s.retries == 1 && rto_est_.samples() != 0 && now >= s.retx_at &&
                           now - s.retx_at < rto_est_.min_ns() / 2;

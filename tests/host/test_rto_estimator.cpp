@@ -105,11 +105,35 @@ TEST(AdaptiveRto, FirstTimeoutFollowsTheSamplesAndBacksOff) {
   const std::uint64_t rto = e.rto_estimator().rto(2'000);
   ASSERT_EQ(e.poll(2'000, p, 8), 4u);
   EXPECT_EQ(e.next_deadline(), 2'000 + rto);
-  // No answer: each chunk's timer doubles from the estimate, up to rto_max_ns.
+  // No answer at all: one chunk goes again (the probe), its timer doubled; the other three wait
+  // one more timeout, for the stream is stalled, not lossy.
   std::uint64_t t = 2'000 + rto;
-  ASSERT_EQ(e.poll(t, p, 8), 4u);
+  ASSERT_EQ(e.poll(t, p, 8), 1u);
+  const OutPacket probe = p[0];
+  EXPECT_EQ(e.stats().retransmits, 1u);
+  EXPECT_EQ(e.next_deadline(), t + rto);
+  // The probe's RESULT comes: the stream moves.
+  answer(e, probe, t + 10);
+  EXPECT_EQ(e.poll(t + 10, p, 8), 0u);
+  // Still no answer for the others: they waited once, and now go again.
+  ASSERT_EQ(e.poll(t + rto, p, 8), 3u);
   EXPECT_EQ(e.stats().retransmits, 4u);
-  EXPECT_EQ(e.next_deadline(), t + 2 * rto);
+  EXPECT_EQ(e.next_deadline(), t + 3 * rto);  // their timers doubled
+}
+
+// Deferred once only: ranks whose probes wait for each other's deferred chunks must not wait
+// for ever. Stalled stream, no RESULT at all: after the first timeout one chunk goes; after the
+// second, the deferred ones go too.
+TEST(AdaptiveRto, ADeferredChunkGoesAtItsNextTimeout) {
+  ProtocolEngine e(ecfg());
+  std::vector<float> in(64 * 2), out(in.size());
+  ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
+  OutPacket p[8];
+  ASSERT_EQ(e.poll(0, p, 8), 2u);
+  ASSERT_EQ(e.poll(10'000, p, 8), 1u);  // the initial 10 us: one probe
+  ASSERT_EQ(e.poll(20'000, p, 8), 1u);  // the deferred chunk, one timeout later
+  EXPECT_NE(p[0].td.chunk.get(), 0u);
+  EXPECT_EQ(e.stats().retransmits, 2u);
 }
 
 TEST(AdaptiveRto, KarnsRuleRetransmittedChunksGiveNoSample) {

@@ -127,6 +127,7 @@ class ProtocolEngine {
     // First transmission, and the last retransmission (the adaptive timer's samples).
     std::uint64_t sent_at = 0;
     std::uint64_t retx_at = 0;
+    bool deferred = false;  // its timer ran out once while the stream was stalled
   };
   // One queued collective; colls_ holds them in stream order, the oldest incomplete first.
   struct Coll {
@@ -162,6 +163,9 @@ class ProtocolEngine {
   RtoEstimator rto_est_;
   std::uint32_t newest_answered_ = 0;  // stream position of the latest chunk whose RESULT came
   bool answered_any_ = false;
+  // The adaptive timer's probe: the last chunk retransmitted, until any RESULT comes.
+  bool probe_active_ = false;
+  std::uint32_t probe_chunk_ = 0;
 };
 
 }  // namespace treeduce::host
