@@ -36,11 +36,13 @@ namespace treeduce::host {
 
 namespace {
 
-// Retransmission: the first timeout is well above a loaded host's round trip through one or two
-// switches, and the backoff caps at 128 ms. A chunk that gets no answer is sent 1 + 30 times
-// over 1 + (2 + 4 + ... + 128) + 23 x 128 = 3199 ms: a dead switch fails the operation (or
-// starts the fallback) about 3.2 s after its last answer (docs/host.md, "Failures").
-constexpr std::uint64_t kRtoInitialNs = 1'000'000;
+// Retransmission: by default each chunk's first timeout comes from the adaptive timer
+// (RtoEstimator: the measured per-chunk latency, 10 ms before the first sample, within 2 to
+// 32 ms); TREEDUCE_RTO_US fixes it instead. The backoff doubles it up to 128 ms. A chunk that
+// gets no answer is sent 1 + 30 times over 2 + (4 + ... + 128) + 24 x 128 = 3326 ms (first
+// timeout at the 2 ms floor) to 32 + 64 + 29 x 128 = 3808 ms (at the 32 ms ceiling): a dead
+// switch fails the operation (or starts the fallback) 3.3 to 3.8 s after its last answer
+// (docs/host.md, "Failures").
 constexpr std::uint64_t kRtoMaxNs = 128'000'000;
 
 bool is_ipv4(const std::string& s) {
@@ -382,9 +384,10 @@ class CommunicatorImpl final : public Communicator {
     ec.world = static_cast<std::uint16_t>(opt_.world_size);
     ec.slots = t.slots;
     ec.payload_bytes = t.payload_bytes;
-    ec.rto_initial_ns = opt_.rto_us == 0
-                            ? kRtoInitialNs
-                            : std::min<std::uint64_t>(opt_.rto_us * 1000ull, kRtoMaxNs);
+    ec.adaptive_rto = opt_.rto_us == 0;
+    if (!ec.adaptive_rto) {
+      ec.rto_initial_ns = std::min<std::uint64_t>(opt_.rto_us * 1000ull, kRtoMaxNs);
+    }
     ec.rto_max_ns = kRtoMaxNs;
     ec.max_retries = kMaxRetries;
     network_ = std::make_unique<NetworkLoop>(std::move(transport).value(), ec, t.leaf_address,

@@ -12,7 +12,7 @@ namespace treeduce::host {
 using proto::bswap_be;
 
 ProtocolEngine::ProtocolEngine(const EngineConfig& cfg)
-    : cfg_(cfg), slot_mask_(cfg.slots - 1), slots_(cfg.slots) {}
+    : cfg_(cfg), slot_mask_(cfg.slots - 1), slots_(cfg.slots), rto_est_(cfg.rto) {}
 
 Status ProtocolEngine::start(const void* send, void* recv, std::size_t count, DType dtype,
                              ReduceOp op) {
@@ -34,6 +34,7 @@ Status ProtocolEngine::enqueue(const void* send, void* recv, std::size_t count, 
     feed_ = 0;
     nack_reason_ = proto::Reason::none;
     for (auto& s : slots_) s = SlotState{};
+    probe_active_ = false;
   }
   // The stream continues where the last collective ended: the window rule (send chunk c+S only
   // after the result of chunk c) must hold across collectives, or a fast host could overwrite a
@@ -107,15 +108,30 @@ std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t 
     if (!s.active) continue;
     if (s.need_send) {
       s.need_send = false;
+      s.rto = cfg_.adaptive_rto ? rto_est_.rto(now) : cfg_.rto_initial_ns;
+      s.sent_at = now;
       s.deadline = now + s.rto;
       out[n++] = make_packet(s);
       ++stats_.sent;
     } else if (s.deadline <= now) {
+      // Adaptive timer: while a retransmitted chunk (the probe) has had no RESULT come back, and
+      // no other RESULT came since it went, the stream looks stalled, not lossy: another chunk
+      // whose timer runs out waits one more timeout, once, instead of going again too (a
+      // descheduled rank stalls every chunk of the window at once). Once only: ranks whose
+      // probes wait for each other's deferred chunks would otherwise wait for ever.
+      if (cfg_.adaptive_rto && probe_active_ && probe_chunk_ != s.chunk && !s.deferred) {
+        s.deferred = true;
+        s.deadline = now + s.rto;
+        continue;
+      }
       if (s.retries >= cfg_.max_retries) {
         finish(Status::timeout);
         return n;
       }
+      probe_active_ = true;
+      probe_chunk_ = s.chunk;
       ++s.retries;
+      s.retx_at = now;
       s.rto = std::min(s.rto * 2, cfg_.rto_max_ns);
       s.deadline = now + s.rto;
       out[n++] = make_packet(s);
@@ -130,8 +146,8 @@ void ProtocolEngine::finish(Status st) {
   for (auto& s : slots_) s.active = false;
 }
 
-void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* payload,
-                               std::size_t len) {
+void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* payload, std::size_t len,
+                               std::uint64_t now) {
   const std::uint32_t chunk = td.chunk.get();
   const Coll* cp = status_ == Status::running ? coll_of(td.seq.get()) : nullptr;
   if (cp == nullptr || td.version != proto::kProtocolVersion || td.tree_id.get() != cfg_.tree_id ||
@@ -179,6 +195,8 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
     return;
   }
   std::memcpy(c.recv + first * dtype_size(c.dtype), payload, len);
+  probe_active_ = false;  // a RESULT came: the stream moves
+  if (now != kNoTime) take_sample(s, now);
   s.active = false;
   ++stats_.results;
   ++c.completed;
@@ -190,6 +208,41 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
     if (feed_ > 0) --feed_;
   }
   if (colls_.empty()) status_ = Status::done;
+}
+
+// The adaptive timer's samples (docs/protocol.md, "Host behaviour"): the time from a chunk's
+// first transmission to its RESULT, taken only when it is unambiguous and says how long a
+// result takes, not how long a loss took to repair:
+// - Karn's rule: a retransmitted chunk gives no sample, except when its one retransmission was
+//   needless: the RESULT came sooner after it than half the shortest sample seen, faster than any
+//   round trip, so it answers the first transmission (the rank itself was descheduled and found
+//   results waiting, say). That sample is what the timeout missed, so it is the one to learn.
+// - A chunk whose RESULT came after the RESULT of a chunk later in the stream (first sent later,
+//   or later in the same batch) was overtaken: it
+//   waited for someone's loss recovery (its own, or another rank's retransmission of a lost
+//   contribution), or was reordered. Learning that wait would feed the ranks' timeouts into each
+//   other and climb to the ceiling under loss; a rank that is only slow (descheduled, queued)
+//   delays every chunk alike and in order, and those samples stay in.
+// A sample includes the skew between ranks: a RESULT waits for the slowest rank's contribution,
+// so a chunk this rank sent early measures its wait for the others too, which is what its timer
+// must allow for.
+void ProtocolEngine::take_sample(const SlotState& s, std::uint64_t now) {
+  // First transmissions go out in stream order, so "sent later" is "later in the stream".
+  const bool overtaken =
+      answered_any_ && static_cast<std::int32_t>(newest_answered_ - s.chunk) > 0;  // serial
+  if (!answered_any_ || static_cast<std::int32_t>(s.chunk - newest_answered_) > 0) {
+    newest_answered_ = s.chunk;
+  }
+  answered_any_ = true;
+  if (!cfg_.adaptive_rto || overtaken || s.deferred || now < s.sent_at) return;
+  if (s.retries != 0) {
+    const bool needless = s.retries == 1 && rto_est_.samples() != 0 && now >= s.retx_at &&
+                          now - s.retx_at < rto_est_.min_ns() / 2;
+    if (!needless) return;
+    ++stats_.spurious;
+  }
+  rto_est_.sample(now - s.sent_at, now);
+  ++stats_.rto_samples;
 }
 
 std::uint64_t ProtocolEngine::next_deadline() const noexcept {

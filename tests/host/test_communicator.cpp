@@ -561,7 +561,7 @@ TEST(Communicator, RecoversFromLoss) {
 // --- Failures and fallback ----------------------------------------------------------------------
 
 // Path::network: a switch that dies mid-operation gives timeout once a chunk has used up its
-// retransmissions (the engine's bound, about 3.2 s; not the test's clock), never a hang.
+// retransmissions (the engine's bound, 3.3 to 3.8 s; not the test's clock), never a hang.
 TEST(Communicator, DeadSwitchTimesOutOnNetworkPath) {
   constexpr std::uint32_t kWorld = 2;
   FakeSwitch sw({.world = kWorld, .die_after = 40});

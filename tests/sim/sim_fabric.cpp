@@ -64,6 +64,8 @@ int Fabric::install(const JobSpec& spec, const TopoNode& n, int job, bool is_roo
     ec.payload_bytes = spec.payload_bytes;
     ec.rto_initial_ns = spec.rto_initial_ns;
     ec.rto_max_ns = spec.rto_max_ns;
+    ec.adaptive_rto = spec.adaptive_rto;
+    ec.rto = spec.rto;
     ec.max_retries = 60;
     h.engine = std::make_unique<host::ProtocolEngine>(ec);
     nodes_.push_back({false, hosts_.size()});
@@ -304,7 +306,7 @@ bool Fabric::run(std::uint64_t limit_ns) {
               dp::DropReason::none) {
             continue;
           }
-          if (!h.finished) h.engine->on_packet(p.td, p.payload, p.payload_len);
+          if (!h.finished) h.engine->on_packet(p.td, p.payload, p.payload_len, now_);
         }
         h.deadline = 0;  // step it below
       }

@@ -53,6 +53,10 @@ struct JobSpec {
   std::vector<std::vector<std::uint8_t>> expected;
   std::uint64_t rto_initial_ns = 50'000;
   std::uint64_t rto_max_ns = 1'000'000;
+  /// The adaptive timer (EngineConfig::adaptive_rto) with `rto`, scaled to the simulated links;
+  /// false: the fixed rto_initial_ns.
+  bool adaptive_rto = true;
+  host::RtoConfig rto{100'000, 50'000, 1'000'000, 100'000'000};
   /// Pipelining: each host keeps up to this many collectives queued in its engine
   /// (ProtocolEngine::enqueue), so that they stream back to back; 0 or 1: one at a time.
   std::uint32_t pipeline = 0;

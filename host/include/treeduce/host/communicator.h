@@ -105,9 +105,9 @@ struct Options {
   /// to 8192) whose datagram fits the MTU of the interface holding bind_address (or `host`),
   /// 1024 when that is unknown (1024 at MTU 1500, 8192 with jumbo frames of 8300).
   std::uint32_t payload_bytes = 0;
-  /// First retransmission timeout of a chunk, in microseconds (doubling up to 128 ms); 0 = 1000.
-  /// Raise it where ranks share oversubscribed CPUs: a result waits for the slowest rank, and
-  /// retransmitting before it comes only adds load.
+  /// First retransmission timeout of a chunk, in microseconds, fixed (doubling up to 128 ms).
+  /// 0 (the default): adaptive, from the measured per-chunk latency (the largest of the last
+  /// 1-2 s, within 2 to 32 ms; 10 ms before the first result; docs/host.md section 5).
   std::uint32_t rto_us = 0;
   bool deterministic = false;
   Path path = Path::auto_select;

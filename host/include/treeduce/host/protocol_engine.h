@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "treeduce/aggregation/dtype.h"
+#include "treeduce/host/rto_estimator.h"
 #include "treeduce/protocol/reasons.h"
 #include "treeduce/protocol/wire.h"
 
@@ -24,9 +25,14 @@ struct EngineConfig {
   std::uint16_t world = 1;                   ///< hosts in the tree: every RESULT must say so
   std::uint32_t slots = 8;                   ///< window: power of two, as installed on the switches
   std::uint32_t payload_bytes = 1024;        ///< per packet, as installed on the switches
-  std::uint64_t rto_initial_ns = 1'000'000;  ///< first retransmission timeout
+  std::uint64_t rto_initial_ns = 1'000'000;  ///< first retransmission timeout (fixed timer)
   std::uint64_t rto_max_ns = 64'000'000;     ///< backoff doubles up to this
   std::uint32_t max_retries = 30;            ///< per chunk; then the collective fails
+  /// Adaptive timer: a chunk's first timeout is the RtoEstimator's (fed by this engine's
+  /// per-chunk latency samples, `rto`'s initial value, floor and ceiling) instead of
+  /// rto_initial_ns. The backoff after a timeout is the same.
+  bool adaptive_rto = false;
+  RtoConfig rto;
 };
 
 /// State of the engine's collectives (with several queued: of them all, the first failure).
@@ -57,6 +63,10 @@ struct EngineStats {
   /// NACKs for a chunk in flight whose MAC did not verify (spoofed, or from a switch that
   /// predates the MAC): ignored, the chunk's timer runs on.
   std::uint64_t nack_unverified = 0;
+  /// Latency samples given to the adaptive timer.
+  std::uint64_t rto_samples = 0;
+  /// Retransmissions found needless (their RESULT came back sooner than a round trip).
+  std::uint64_t spurious = 0;
 };
 
 class ProtocolEngine {
@@ -85,8 +95,12 @@ class ProtocolEngine {
   /// retransmissions whose timer expired. Writes at most `cap` to `out`; returns how many.
   std::size_t poll(std::uint64_t now, OutPacket* out, std::size_t cap);
 
-  /// A received treeduce packet (header as on the wire, payload after it).
-  void on_packet(const proto::TdHdr& td, const std::uint8_t* payload, std::size_t len);
+  /// Time unknown: on_packet() takes no latency sample.
+  static constexpr std::uint64_t kNoTime = ~std::uint64_t{0};
+  /// A received treeduce packet (header as on the wire, payload after it), received at `now`
+  /// (the clock of poll(); kNoTime: no latency sample for the adaptive timer).
+  void on_packet(const proto::TdHdr& td, const std::uint8_t* payload, std::size_t len,
+                 std::uint64_t now = kNoTime);
 
   /// Earliest time poll() has something to do; UINT64_MAX when nothing is pending.
   std::uint64_t next_deadline() const noexcept;
@@ -96,6 +110,8 @@ class ProtocolEngine {
   proto::Reason nack_reason() const noexcept { return nack_reason_; }
   const EngineStats& stats() const noexcept { return stats_; }
   const EngineConfig& config() const noexcept { return cfg_; }
+  /// The adaptive timer's state (fed only with EngineConfig::adaptive_rto).
+  const RtoEstimator& rto_estimator() const noexcept { return rto_est_; }
   /// Collective sequence number of the last collective started or queued.
   std::uint32_t seq() const noexcept { return seq_; }
   /// Stream position of the next collective's first chunk: continuous across collectives.
@@ -111,6 +127,10 @@ class ProtocolEngine {
     std::uint64_t rto = 0;
     std::uint32_t retries = 0;
     bool need_send = false;  // queued for a first transmission
+    // First transmission, and the last retransmission (the adaptive timer's samples).
+    std::uint64_t sent_at = 0;
+    std::uint64_t retx_at = 0;
+    bool deferred = false;  // its timer ran out once while the stream was stalled
   };
   // One queued collective; colls_ holds them in stream order, the oldest incomplete first.
   struct Coll {
@@ -129,6 +149,7 @@ class ProtocolEngine {
   OutPacket make_packet(const SlotState& s) const;
   const Coll* coll_of(std::uint32_t seq) const noexcept;
   void finish(Status st);
+  void take_sample(const SlotState& s, std::uint64_t now);
 
   EngineConfig cfg_;
   std::uint32_t slot_mask_;
@@ -142,6 +163,12 @@ class ProtocolEngine {
   std::uint32_t seq_ = 0;        // of the last collective queued
   std::uint64_t done_total_ = 0;
   bool started_once_ = false;
+  RtoEstimator rto_est_;
+  std::uint32_t newest_answered_ = 0;  // stream position of the latest chunk whose RESULT came
+  bool answered_any_ = false;
+  // The adaptive timer's probe: the last chunk retransmitted, until any RESULT comes.
+  bool probe_active_ = false;
+  std::uint32_t probe_chunk_ = 0;
 };
 
 }  // namespace treeduce::host
