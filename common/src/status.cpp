@@ -34,6 +34,10 @@ std::string_view code_name(Code c) noexcept {
       return "internal";
     case Code::unavailable:
       return "unavailable";
+    case Code::data_loss:
+      return "data_loss";
+    case Code::unauthenticated:
+      return "unauthenticated";
   }
   return "unknown";
 }

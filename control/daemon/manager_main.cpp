@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   std::string topo_path, listen = "127.0.0.1:9300", port_file, db_path;
   std::uint64_t lease_ms = 10000, switch_lease_ms = 10000, restore_grace_ms = 15000;
   bool no_registration = false;
+  treeduce::tls::TlsOptions tls;
   app.add_option("-t,--topology", topo_path, "topology YAML file (docs/manager.md)")->required();
   app.add_option("-l,--listen", listen, "gRPC address; port 0 picks one")->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port here once listening");
@@ -34,7 +35,23 @@ int main(int argc, char** argv) {
   app.add_flag("--no-registration", no_registration,
                "allocate on switches that have not registered (installs then fail unless an "
                "agent address is known)");
+  app.add_option("--tls-ca", tls.ca, "CA certificate (PEM) that clients' certificates chain to");
+  app.add_option("--tls-cert", tls.cert, "the manager's certificate (PEM)");
+  app.add_option("--tls-key", tls.key, "the manager's private key (PEM)");
+  std::string admin_name = treeduce::tls::kDefaultAdminName;
+  app.add_option("--admin-name", admin_name,
+                 "with TLS, the certificate name (CN) of the admin identity")
+      ->capture_default_str();
+  app.add_flag("--insecure", tls.insecure,
+               "no TLS and no client authentication (labs and tests only)");
   CLI11_PARSE(app, argc, argv);
+
+  if (const std::string bad =
+          treeduce::tls::check(tls, "--tls-ca, --tls-cert and --tls-key", "--insecure");
+      !bad.empty()) {
+    std::cerr << "treeduce-manager: " << bad << "\n";
+    return 2;
+  }
 
   auto topo = load_topology_file(topo_path);
   if (!topo.ok()) {
@@ -52,7 +69,7 @@ int main(int argc, char** argv) {
   } else {
     std::cerr << "treeduce-manager: no --db: jobs and trees will not survive a restart\n";
   }
-  GrpcSwitchClient client;
+  GrpcSwitchClient client(2000, tls);
   RegistryOptions opt;
   opt.store = store.get();
   opt.lease_ms = lease_ms;
@@ -68,9 +85,9 @@ int main(int argc, char** argv) {
   }
   if (*restored) std::cerr << "treeduce-manager: restored " << *restored << " jobs\n";
   const int sweep_ms = int(std::max<std::uint64_t>(10, std::min(lease_ms, switch_lease_ms) / 4));
-  ManagerServer server(reg, listen, sweep_ms);
+  ManagerServer server(reg, listen, sweep_ms, tls, admin_name);
   if (!server.ok()) {
-    std::cerr << "treeduce-manager: cannot listen on " << listen << "\n";
+    std::cerr << "treeduce-manager: " << server.error() << "\n";
     return 1;
   }
   if (!port_file.empty()) {
@@ -81,7 +98,8 @@ int main(int argc, char** argv) {
     std::rename(tmp.c_str(), port_file.c_str());
   }
   std::cerr << "treeduce-manager: " << topo->switches.size() << " switches, " << topo->hosts.size()
-            << " hosts; listening on port " << server.port() << "\n";
+            << " hosts; listening on port " << server.port()
+            << (tls.insecure ? " without TLS (--insecure)" : " with mutual TLS") << "\n";
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));

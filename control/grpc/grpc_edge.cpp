@@ -63,16 +63,19 @@ TreeInstall from_proto(const pb::TreeInstall& p) {
 
 // ---------------------------------------------------------------------------------------------
 
+GrpcSwitchClient::GrpcSwitchClient(int deadline_ms, const tls::TlsOptions& tls)
+    : deadline_ms_(deadline_ms), creds_(tls::channel_credentials(tls, &creds_error_)) {}
+
 pb::SwitchAgent::Stub* GrpcSwitchClient::stub(const std::string& agent) {
   std::lock_guard lock(mu_);
   auto& s = stubs_[agent];
-  if (!s)
-    s = pb::SwitchAgent::NewStub(grpc::CreateChannel(agent, grpc::InsecureChannelCredentials()));
+  if (!s) s = pb::SwitchAgent::NewStub(grpc::CreateChannel(agent, creds_));
   return s.get();
 }
 
 Status GrpcSwitchClient::install(const std::string& agent, const TreeInstall& t) {
   if (agent.empty()) return unavailable("the switch has no agent address");
+  if (!creds_) return unavailable(creds_error_);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms_));
   pb::TreeInstall req;
@@ -84,6 +87,7 @@ Status GrpcSwitchClient::install(const std::string& agent, const TreeInstall& t)
 Status GrpcSwitchClient::remove(const std::string& agent, const std::string& switch_name,
                                 std::uint16_t tree_id) {
   if (agent.empty()) return unavailable("the switch has no agent address");
+  if (!creds_) return unavailable(creds_error_);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms_));
   pb::TreeRemove req;
@@ -145,6 +149,9 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
                     .count();
     if (left > 0) wait = std::min<std::uint64_t>(wait, std::uint64_t(left));
     auto r = reg_.join(a, wait);
+    // Refused ranks get it too: they still Leave.
+    if (const std::string cred = reg_.credential_of(a.job); !cred.empty())
+      ctx->AddTrailingMetadata(tls::kCredentialMetadata, cred);
     if (!r.ok()) return to_grpc(r.status());
     auto* as = rep->mutable_assignment();
     as->set_tree_id(r->tree_id);
@@ -159,6 +166,7 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
     as->set_deterministic(r->deterministic);
     as->set_depth(r->depth);
     as->set_lease_ms(r->lease_ms);
+    as->set_credential(r->credential);
     for (const SwitchCaps& c : r->switches) {
       auto* ts = as->add_switches();
       ts->set_name(c.name);
@@ -171,6 +179,8 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
 
   grpc::Status Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req,
                          pb::HeartbeatReply* rep) override {
+    if (Status s = reg_.check_credential(req->job(), req->credential(), "Heartbeat"); !s.ok())
+      return to_grpc(s);
     auto v = reg_.heartbeat(req->job(), req->rank());
     if (!v.ok()) return to_grpc(v.status());
     rep->set_state(to_proto(v->state));
@@ -180,10 +190,17 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
   }
 
   grpc::Status Leave(grpc::ServerContext*, const pb::LeaveRequest* req, pb::LeaveReply*) override {
+    if (Status s = reg_.check_credential(req->job(), req->credential(), "Leave"); !s.ok())
+      return to_grpc(s);
     return to_grpc(reg_.leave(req->job(), req->rank()));
   }
 
   grpc::Status Abort(grpc::ServerContext*, const pb::AbortRequest* req, pb::AbortReply*) override {
+    // A credential, when given, must be the job's; without one only a gathering job can be
+    // aborted (the registry's rule): the rank that cannot start never joined.
+    if (!req->credential().empty() && !reg_.credential_of(req->job()).empty())
+      if (Status s = reg_.check_credential(req->job(), req->credential(), "Abort"); !s.ok())
+        return to_grpc(s);
     std::optional<std::uint32_t> rank;
     if (req->rank_known()) rank = req->rank();
     return to_grpc(reg_.abort(req->job(), rank, req->reason()));
@@ -197,8 +214,9 @@ class ManagerServer::Switches final : public pb::SwitchRegistry::Service {
  public:
   explicit Switches(JobRegistry& r) : reg_(r) {}
 
-  grpc::Status Register(grpc::ServerContext*, const pb::RegisterRequest* req,
+  grpc::Status Register(grpc::ServerContext* ctx, const pb::RegisterRequest* req,
                         pb::RegisterReply* rep) override {
+    if (grpc::Status s = same_switch(*ctx, req->name(), "register"); !s.ok()) return s;
     std::optional<ResourceProfile> limits;
     if (req->has_resources()) {
       const auto& r = req->resources();
@@ -234,8 +252,9 @@ class ManagerServer::Switches final : public pb::SwitchRegistry::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status SwitchHeartbeat(grpc::ServerContext*, const pb::SwitchHeartbeatRequest* req,
+  grpc::Status SwitchHeartbeat(grpc::ServerContext* ctx, const pb::SwitchHeartbeatRequest* req,
                                pb::SwitchHeartbeatReply* rep) override {
+    if (grpc::Status st = same_switch(*ctx, req->name(), "heartbeat"); !st.ok()) return st;
     Status s = reg_.switch_heartbeat(req->name());
     if (!s.ok()) return to_grpc(s);
     rep->set_lease_ms(reg_.switch_lease_ms());
@@ -243,15 +262,47 @@ class ManagerServer::Switches final : public pb::SwitchRegistry::Service {
   }
 
  private:
+  /// With TLS, a switch speaks only for the switch its certificate names.
+  static grpc::Status same_switch(const grpc::ServerContext& ctx, const std::string& name,
+                                  const char* what) {
+    if (!tls::peer_authenticated(ctx)) return grpc::Status::OK;
+    const std::string who = tls::peer_name(ctx);
+    if (who == name) return grpc::Status::OK;
+    return to_grpc(permission_denied("A certificate for '" + who + "' cannot " + what +
+                                     " as switch '" + name +
+                                     "'; a switch's certificate names the switch (CN)."));
+  }
+
   JobRegistry& reg_;
 };
 
+/// "" when the call may do what only the admin identity may; else why not. Without TLS every
+/// caller may (the manager runs with --insecure).
+std::string not_admin(const grpc::ServerContext& ctx, const std::string& admin) {
+  if (!tls::peer_authenticated(ctx)) return {};
+  const std::string who = tls::peer_name(ctx);
+  if (who == admin) return {};
+  return "the caller's certificate names '" + who + "', not the admin identity '" + admin + "'";
+}
+
 class ManagerServer::Queries final : public pb::Query::Service {
  public:
-  Queries(JobRegistry& r, const Topology& t) : reg_(r), topo_(t) {}
+  Queries(JobRegistry& r, const Topology& t, std::string admin)
+      : reg_(r), topo_(t), admin_(std::move(admin)) {}
 
-  grpc::Status ListJobs(grpc::ServerContext*, const pb::ListRequest*, pb::JobList* rep) override {
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const pb::ListRequest* req,
+                        pb::JobList* rep) override {
+    // Every job for the admin (or without TLS); a job's own ranks name it with its credential.
+    if (!req->job().empty() || !req->credential().empty()) {
+      if (Status s = reg_.check_credential(req->job(), req->credential(), "ListJobs"); !s.ok())
+        return to_grpc(s);
+    } else if (const std::string why = not_admin(*ctx, admin_); !why.empty()) {
+      return to_grpc(
+          permission_denied("Listing every job needs the admin identity (" + why +
+                            "); a job's ranks list their own job with its name and credential."));
+    }
     for (const JobView& v : reg_.jobs()) {
+      if (!req->job().empty() && v.job != req->job()) continue;
       auto* j = rep->add_jobs();
       j->set_job(v.job);
       j->set_state(to_proto(v.state));
@@ -292,21 +343,47 @@ class ManagerServer::Queries final : public pb::Query::Service {
  private:
   JobRegistry& reg_;
   const Topology& topo_;
+  std::string admin_;
 };
 
-ManagerServer::ManagerServer(JobRegistry& reg, const std::string& listen, int sweep_ms)
+class ManagerServer::Admins final : public pb::Admin::Service {
+ public:
+  Admins(JobRegistry& r, std::string admin) : reg_(r), admin_(std::move(admin)) {}
+
+  grpc::Status FailSwitch(grpc::ServerContext* ctx, const pb::FailSwitchRequest* req,
+                          pb::AdminReply*) override {
+    if (const std::string why = not_admin(*ctx, admin_); !why.empty())
+      return to_grpc(permission_denied("Declaring switch '" + req->name() +
+                                       "' failed needs the admin identity (" + why + ")."));
+    const std::string reason =
+        req->reason().empty() ? "declared failed by an admin" : req->reason();
+    return to_grpc(reg_.fail_switch(req->name(), reason));
+  }
+
+ private:
+  JobRegistry& reg_;
+  std::string admin_;
+};
+
+ManagerServer::ManagerServer(JobRegistry& reg, const std::string& listen, int sweep_ms,
+                             const tls::TlsOptions& tls, const std::string& admin_name)
     : reg_(reg),
       jobs_(std::make_unique<Jobs>(reg)),
       switches_(std::make_unique<Switches>(reg)),
-      queries_(std::make_unique<Queries>(reg, reg.topology())) {
+      queries_(std::make_unique<Queries>(reg, reg.topology(), admin_name)),
+      admins_(std::make_unique<Admins>(reg, admin_name)) {
+  auto creds = tls::server_credentials(tls, &error_);
+  if (!creds) return;
   grpc::ServerBuilder b;
-  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
+  b.AddListeningPort(listen, creds, &port_);
   b.RegisterService(jobs_.get());
   b.RegisterService(switches_.get());
   b.RegisterService(queries_.get());
+  b.RegisterService(admins_.get());
   server_ = b.BuildAndStart();
   if (!server_ || port_ == 0) {
     server_.reset();
+    error_ = "cannot listen on " + listen + ".";
     return;
   }
   sweeper_ = std::thread([this, sweep_ms] {

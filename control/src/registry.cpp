@@ -8,6 +8,8 @@
 #include <iostream>
 #include <random>
 
+#include <sys/random.h>
+
 #include "treeduce/protocol/tree.h"
 
 namespace treeduce::ctl {
@@ -38,6 +40,33 @@ std::uint64_t splitmix(std::uint64_t& x) {
 
 bool unreachable(const Status& s) {
   return s.code() == Code::unavailable || s.code() == Code::deadline_exceeded;
+}
+
+// A job's credential: 128 bits from the kernel's CSPRNG, in hex. Unguessable, unlike the tree
+// keys (splitmix), which only tell trees apart.
+std::string new_credential() {
+  unsigned char b[16];
+  std::size_t got = 0;
+  while (got < sizeof b) {
+    const ssize_t n = getrandom(b + got, sizeof b - got, 0);
+    if (n > 0) got += std::size_t(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : b) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
+}
+
+// Compares without stopping at the first difference: the time of a refusal tells nothing of
+// how much of a guess was right.
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
 }
 
 }  // namespace
@@ -127,6 +156,7 @@ Result<RankAssignment> JobRegistry::join(const JoinArgs& a, std::uint64_t wait_m
                                 " jobs; try again later.");
     it = jobs_.emplace(a.job, Job{}).first;
     it->second.params = a;
+    it->second.credential = new_credential();
   }
   Job& j = it->second;
   const JoinArgs& p = j.params;
@@ -337,6 +367,7 @@ RankAssignment JobRegistry::assignment(const Job& j, std::uint32_t rank) const {
   out.slots = a.slots;
   out.payload_bytes = a.payload_bytes;
   out.key = j.key;
+  out.credential = j.credential;
   out.dtype_mask = a.dtype_mask;
   out.op_mask = a.op_mask;
   out.deterministic = a.deterministic;
@@ -347,6 +378,28 @@ RankAssignment JobRegistry::assignment(const Job& j, std::uint32_t rank) const {
     out.switches.push_back({topo_.switches[n.sw].name, prof.name, prof.dtype_mask, prof.op_mask});
   }
   return out;
+}
+
+std::string JobRegistry::credential_of(const std::string& job) const {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? std::string() : it->second.credential;
+}
+
+Status JobRegistry::check_credential(const std::string& job, const std::string& credential,
+                                     const std::string& call) const {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return not_found("Job '" + job + "' is not known to the manager.");
+  if (credential.empty())
+    return unauthenticated(call + " of job '" + job +
+                           "' carries no job credential; only the job's ranks, with the "
+                           "credential Join gave them, may make it.");
+  if (!same_secret(credential, it->second.credential))
+    return permission_denied(call + " of job '" + job +
+                             "' carries a credential that is not the job's (another job's, or "
+                             "one from before the job started again).");
+  return Status::Ok();
 }
 
 Result<JobView> JobRegistry::heartbeat(const std::string& job, std::uint32_t rank) {
@@ -633,7 +686,8 @@ std::string JobRegistry::job_doc(const Job& j) const {
             {"reason", j.reason},
             {"refusal_code", int(j.refusal.code())},
             {"refusal", j.refusal.message()},
-            {"key", j.key}};
+            {"key", j.key},
+            {"cred", j.credential}};
   json ranks = json::array();
   for (const auto& [rank, r] : j.ranks)
     ranks.push_back({rank, topo_.hosts[r.host].name, r.port, r.left});
@@ -747,6 +801,9 @@ Result<std::size_t> JobRegistry::restore() {
       j.reason = d.at("reason");
       j.refusal = Status(static_cast<Code>(d.at("refusal_code").get<int>()), d.at("refusal"));
       j.key = d.at("key");
+      // A database from before credentials: a new one (its ranks are then refused).
+      j.credential = d.value("cred", std::string());
+      if (j.credential.empty()) j.credential = new_credential();
       for (const json& r : d.at("ranks")) {
         std::int64_t h = topo_.find_host(r.at(1).get<std::string>());
         if (h < 0) throw std::runtime_error("host " + r.at(1).get<std::string>() + " is gone");

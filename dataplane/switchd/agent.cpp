@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "grpc_tls.h"
 #include "manager.grpc.pb.h"
 
 namespace treeduce::switchd {
@@ -91,12 +92,13 @@ grpc::Status to_config(const pb::TreeInstall& p, dp::TreeConfig* c) {
 
 class Service final : public pb::SwitchAgent::Service {
  public:
-  Service(std::string name, TreeControl& trees, PortControl* ports)
-      : name_(std::move(name)), trees_(trees), ports_(ports) {}
+  Service(std::string name, TreeControl& trees, PortControl* ports,
+          std::vector<std::string> callers)
+      : name_(std::move(name)), trees_(trees), ports_(ports), callers_(std::move(callers)) {}
 
-  grpc::Status InstallTree(grpc::ServerContext*, const pb::TreeInstall* req,
+  grpc::Status InstallTree(grpc::ServerContext* ctx, const pb::TreeInstall* req,
                            pb::AgentReply*) override {
-    if (grpc::Status s = check_switch(req->switch_name()); !s.ok()) return s;
+    if (grpc::Status s = check_switch(*ctx, req->switch_name()); !s.ok()) return s;
     dp::TreeConfig c;
     if (grpc::Status s = to_config(*req, &c); !s.ok()) {
       log("refused tree " + std::to_string(req->tree_id()) + ": " + s.error_message());
@@ -113,9 +115,9 @@ class Service final : public pb::SwitchAgent::Service {
     return out;
   }
 
-  grpc::Status RemoveTree(grpc::ServerContext*, const pb::TreeRemove* req,
+  grpc::Status RemoveTree(grpc::ServerContext* ctx, const pb::TreeRemove* req,
                           pb::AgentReply*) override {
-    if (grpc::Status s = check_switch(req->switch_name()); !s.ok()) return s;
+    if (grpc::Status s = check_switch(*ctx, req->switch_name()); !s.ok()) return s;
     if (req->tree_id() > kMax16)
       return invalid("Tree id " + std::to_string(req->tree_id()) + " is above " +
                      std::to_string(kMax16) + ".");
@@ -132,9 +134,9 @@ class Service final : public pb::SwitchAgent::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status SetPortFault(grpc::ServerContext*, const pb::PortFault* req,
+  grpc::Status SetPortFault(grpc::ServerContext* ctx, const pb::PortFault* req,
                             pb::AgentReply*) override {
-    if (grpc::Status s = check_switch(req->switch_name()); !s.ok()) return s;
+    if (grpc::Status s = check_switch(*ctx, req->switch_name()); !s.ok()) return s;
     if (ports_ == nullptr)
       return {grpc::StatusCode::PERMISSION_DENIED,
               "Switch " + name_ +
@@ -159,9 +161,9 @@ class Service final : public pb::SwitchAgent::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status SetPortCapture(grpc::ServerContext*, const pb::PortCapture* req,
+  grpc::Status SetPortCapture(grpc::ServerContext* ctx, const pb::PortCapture* req,
                               pb::PortCaptureReply* rep) override {
-    if (grpc::Status s = check_switch(req->switch_name()); !s.ok()) return s;
+    if (grpc::Status s = check_switch(*ctx, req->switch_name()); !s.ok()) return s;
     if (ports_ == nullptr)
       return {grpc::StatusCode::PERMISSION_DENIED,
               "Switch " + name_ +
@@ -207,7 +209,19 @@ class Service final : public pb::SwitchAgent::Service {
     return {static_cast<grpc::StatusCode>(st.code()), sentence};
   }
 
-  grpc::Status check_switch(const std::string& asked) const {
+  /// With TLS, only the identities in callers_ (the manager's, an admin's) may change the
+  /// switch: a job's host certificate is from the same CA but must not install trees.
+  grpc::Status check_switch(const grpc::ServerContext& ctx, const std::string& asked) const {
+    if (tls::peer_authenticated(ctx)) {
+      const std::string who = tls::peer_name(ctx);
+      if (std::find(callers_.begin(), callers_.end(), who) == callers_.end()) {
+        std::string known;
+        for (const std::string& c : callers_) known += (known.empty() ? "'" : ", '") + c + "'";
+        return {grpc::StatusCode::PERMISSION_DENIED,
+                "Switch " + name_ + " takes calls only from " + known +
+                    "; the caller's certificate names '" + who + "'."};
+      }
+    }
     if (asked == name_) return grpc::Status::OK;
     return invalid("This agent serves switch '" + name_ + "', not '" + asked + "'.");
   }
@@ -215,6 +229,7 @@ class Service final : public pb::SwitchAgent::Service {
   std::string name_;
   TreeControl& trees_;
   PortControl* ports_;
+  std::vector<std::string> callers_;
 };
 
 /// True for "host:port" with a port in 0..65535: gRPC itself silently wraps larger ports.
@@ -231,7 +246,7 @@ bool good_listen(const std::string& a) {
 
 struct Agent::Impl {
   Impl(const AgentOptions& o, TreeControl& t)
-      : opt(o), trees(t), service(o.switch_name, t, o.ports) {}
+      : opt(o), trees(t), service(o.switch_name, t, o.ports, o.callers) {}
 
   /// Registers, then heartbeats; registers again whenever the manager no longer knows us.
   void run() {
@@ -334,8 +349,7 @@ struct Agent::Impl {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, int(kFirstBackoff.count()));
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, int(kRpcDeadline.count()));
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, int(kMaxBackoff.count()));
-    return pb::SwitchRegistry::NewStub(
-        grpc::CreateCustomChannel(opt.manager, grpc::InsecureChannelCredentials(), args));
+    return pb::SwitchRegistry::NewStub(grpc::CreateCustomChannel(opt.manager, creds, args));
   }
 
   /// ", reporting N trees; it removed [..] and installed again [..]" for the log.
@@ -400,6 +414,7 @@ struct Agent::Impl {
   TreeControl& trees;
   Service service;
   std::unique_ptr<grpc::Server> server;
+  std::shared_ptr<grpc::ChannelCredentials> creds;  ///< to the manager
   int port = 0;
   std::string advertise;
   std::atomic<bool> registered{false};
@@ -419,10 +434,17 @@ std::unique_ptr<Agent> Agent::start(const AgentOptions& opt, TreeControl& trees,
     return nullptr;
   }
   auto impl = std::make_unique<Impl>(opt, trees);
+  std::string tls_error;
+  const auto server_creds = tls::server_credentials(opt.tls, &tls_error);
+  impl->creds = tls::channel_credentials(opt.tls, &tls_error);
+  if (!server_creds || !impl->creds) {
+    if (error) *error = "agent: " + tls_error;
+    return nullptr;
+  }
   grpc::ServerBuilder b;
   // Two switch daemons must not share one agent port (gRPC allows it by default on Linux).
   b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  b.AddListeningPort(opt.listen, grpc::InsecureServerCredentials(), &impl->port);
+  b.AddListeningPort(opt.listen, server_creds, &impl->port);
   b.RegisterService(&impl->service);
   impl->server = b.BuildAndStart();
   if (!impl->server || impl->port == 0) {

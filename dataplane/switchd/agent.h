@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "grpc_tls.h"
 #include "treeduce/common/status.h"
 #include "treeduce/dataplane/core.h"
 #include "treeduce/protocol/tree.h"
@@ -114,6 +115,12 @@ struct AgentOptions {
   /// Serves SetPortFault through this (must outlive the agent); nullptr: SetPortFault is refused
   /// with PERMISSION_DENIED (a production switch takes no faults from the network).
   PortControl* ports = nullptr;
+  /// Certificates for the SwitchAgent server and the registration client; none: no TLS (the
+  /// daemon checks that this was asked for explicitly, SwitchConfig::insecure).
+  tls::TlsOptions tls;
+  /// With TLS, the certificate names (CN) SwitchAgent takes calls from; others get
+  /// PERMISSION_DENIED.
+  std::vector<std::string> callers = {tls::kDefaultManagerName, tls::kDefaultAdminName};
 };
 
 /// Serves SwitchAgent and keeps the switch registered: registration is retried (with backoff,

@@ -187,6 +187,14 @@ void each_setting(C& c, F&& f) {
     c.final_stats);
   f("seed", "seed of the ports' rx_loss fault injection", c.seed);
   f("faults", "accept SetPortFault from the agent's clients (true: labs and tests only)", c.faults);
+  f("tls_ca", "CA certificate (PEM) the manager's and callers' certificates chain to", c.tls_ca);
+  f("tls_cert", "the switch's certificate (PEM; its CN is the switch's name)", c.tls_cert);
+  f("tls_key", "the switch's private key (PEM)", c.tls_key);
+  f("tls_manager_name", "with TLS, the manager's certificate name (CN)", c.tls_manager_name);
+  f("tls_admin_name", "with TLS, the admin certificate name (CN) that may also call the agent",
+    c.tls_admin_name);
+  f("insecure", "no TLS and no authentication of the agent's callers (labs and tests only)",
+    c.insecure);
 }
 
 // Where a file set each field or list item: its line, keyed by the field's address in the config
@@ -211,7 +219,9 @@ bool host_port(const std::string& s, std::uint16_t min_port) {
          convert(s.substr(colon + 1), port, "").empty() && port >= min_port;
 }
 
-std::string check(const SwitchConfig& c, const Lines& lines) {
+// `security`: whether the TLS settings must be complete (off for a file the command line may
+// complete, parse_args()).
+std::string check(const SwitchConfig& c, const Lines& lines, bool security = true) {
   // `msg` after the line of the first of `at` (most specific first) that the file set.
   const auto err = [&](std::initializer_list<const void*> at, const std::string& msg) {
     const auto* p =
@@ -296,6 +306,18 @@ std::string check(const SwitchConfig& c, const Lines& lines) {
     return err({&c.log_level}, "log_level must be trace, debug, info, warn or error, got " +
                                    quote(c.log_level) + ".");
 
+  // A switch that talks to a manager, or serves its agent beyond this machine, needs
+  // certificates or an explicit insecure; a static switch's agent on loopback does not.
+  const bool loopback_agent = c.agent_listen.rfind("127.", 0) == 0 ||
+                              c.agent_listen.rfind("localhost:", 0) == 0 ||
+                              c.agent_listen.rfind("[::1]:", 0) == 0;
+  if (security && (!c.manager.empty() || !loopback_agent)) {
+    tls::TlsOptions t{c.tls_ca, c.tls_cert, c.tls_key, c.insecure};
+    if (const std::string bad = tls::check(t, "tls_ca, tls_cert and tls_key", "insecure: true");
+        !bad.empty())
+      return err({&c.tls_ca, &c.insecure, &c.manager}, bad);
+  }
+
   std::set<std::uint16_t> tree_ids;
   for (const StaticTree& st : c.trees) {
     const dp::TreeConfig& t = st.tree;
@@ -347,9 +369,9 @@ std::string check(const SwitchConfig& c, const Lines& lines) {
 }
 
 // Both readers end here. "off" is the spoken form of "no metrics endpoint".
-std::string finish(SwitchConfig& c, const Lines& lines) {
+std::string finish(SwitchConfig& c, const Lines& lines, bool security = true) {
   if (c.metrics_listen == "off") c.metrics_listen.clear();
-  return check(c, lines);
+  return check(c, lines, security);
 }
 
 // Thrown inside the YAML reader only and turned into the result's error at its end, as in
@@ -568,12 +590,14 @@ std::string flag(const char* key) {
 
 }  // namespace
 
-ConfigResult parse_config_yaml(const std::string& text, const std::string& origin) {
+namespace {
+
+ConfigResult parse_yaml(const std::string& text, const std::string& origin, bool security) {
   Loader l;
   std::string error;
   try {
     l.load(YAML::Load(text));
-    error = finish(l.c, l.lines);
+    error = finish(l.c, l.lines, security);
   } catch (const LoadError& e) {
     error = e.msg;
   } catch (const YAML::Exception& e) {
@@ -583,13 +607,21 @@ ConfigResult parse_config_yaml(const std::string& text, const std::string& origi
   return success(std::move(l.c));
 }
 
-ConfigResult load_config_file(const std::string& path) {
+ConfigResult load_file(const std::string& path, bool security) {
   std::ifstream in(path);
   if (!in) return failure(path + ": cannot open the file (" + std::strerror(errno) + ").");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config_yaml(ss.str(), path);
+  return parse_yaml(ss.str(), path, security);
 }
+
+}  // namespace
+
+ConfigResult parse_config_yaml(const std::string& text, const std::string& origin) {
+  return parse_yaml(text, origin, true);
+}
+
+ConfigResult load_config_file(const std::string& path) { return load_file(path, true); }
 
 ConfigResult parse_args(int argc, const char* const* argv) {
   CLI::App app{
@@ -614,6 +646,8 @@ ConfigResult parse_args(int argc, const char* const* argv) {
   each_setting(defaults, [&](const char* key, const char* help, auto&) {
     settings.push_back(app.add_option(flag(key), CLI::callback_t{}, help));
   });
+  // --insecure alone means --insecure true, as for the manager.
+  app.get_option("--insecure")->expected(0, 1)->default_str("true");
   for (CLI::Option* o : settings) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   config->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   lcores->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -635,7 +669,8 @@ ConfigResult parse_args(int argc, const char* const* argv) {
 
   SwitchConfig c;
   if (config->count()) {
-    ConfigResult file = load_config_file(config->results().back());
+    // The flags may complete the file's TLS settings (--insecure, --tls-*): checked after them.
+    ConfigResult file = load_file(config->results().back(), false);
     if (!file.config) return file;
     c = std::move(*file.config);
   }
@@ -643,7 +678,12 @@ ConfigResult parse_args(int argc, const char* const* argv) {
   std::size_t i = 0;
   each_setting(c, [&](const char* key, const char*, auto& field) {
     const CLI::Option* o = settings[i++];
-    if (error.empty() && o->count()) error = convert(o->results().back(), field, flag(key));
+    if (error.empty() && o->count()) {
+      // A bare --insecure.
+      const bool bare = std::string_view(key) == "insecure" &&
+                        (o->results().empty() || o->results().back().empty());
+      error = convert(bare ? std::string("true") : o->results().back(), field, flag(key));
+    }
   });
   if (ports->count()) c.ports.clear();
   for (const std::string& s : ports->results())

@@ -83,6 +83,15 @@ struct SwitchConfig {
   /// Serve the agent's SetPortFault (`treeduce lab fault`): the ports' faults change at run time.
   /// Off by default: a production switch takes no faults from the network.
   bool faults = false;
+  /// Mutual TLS with the manager (docs/deploy.md, "TLS"): the CA, the switch's certificate (its
+  /// CN is the switch's name: the manager takes registrations under that name only) and key.
+  std::string tls_ca, tls_cert, tls_key;
+  /// With TLS, who may call the agent: the manager's and the admin's certificate names.
+  std::string tls_manager_name = tls::kDefaultManagerName;
+  std::string tls_admin_name = tls::kDefaultAdminName;
+  /// No TLS: required, explicitly, to run without certificates when the switch has a manager or
+  /// serves its agent beyond loopback (labs and tests only).
+  bool insecure = false;
 };
 
 /// A parse result: the config, or one sentence saying what is wrong and where.

@@ -103,6 +103,8 @@ int main(int argc, char** argv) {
         ao.manager = cfg.manager;
         ao.heartbeat_ms = cfg.heartbeat_ms;
         if (cfg.faults) ao.ports = sw.get();
+        ao.tls = {cfg.tls_ca, cfg.tls_cert, cfg.tls_key, cfg.insecure};
+        ao.callers = {cfg.tls_manager_name, cfg.tls_admin_name};
         agent = Agent::start(ao, *sw, &error);
         if (!agent) rc = fail(error, 1);
       }

@@ -11,6 +11,7 @@
 
 #include "environment.h"
 #include "errors.h"
+#include "grpc_tls.h"
 #include "treeduce/host/communicator.h"
 
 using treeduce::DType;
@@ -182,6 +183,12 @@ tdr_result_t tdr_comm_create(const tdr_options_t* opt, tdr_comm_t** comm) {
     o.rank = opt->rank;
     o.world_size = opt->world_size;
     o.manager = str(opt->manager);
+    // The C options have no TLS fields: their files come from the environment (docs/host.md).
+    const treeduce::tls::TlsOptions te = treeduce::tls::from_environment();
+    o.tls_ca = te.ca;
+    o.tls_cert = te.cert;
+    o.tls_key = te.key;
+    o.insecure = te.insecure;
     o.host = str(opt->host);
     o.bind_address = str(opt->bind_address);
     o.port = opt->port;

@@ -23,6 +23,7 @@
 
 #include "environment.h"
 #include "errors.h"
+#include "grpc_tls.h"
 #include "host_path.h"
 #include "manager_client.h"
 #include "network_loop.h"
@@ -157,7 +158,7 @@ class CommunicatorImpl final : public Communicator {
     if (opt_.path == Path::host) {
       // decide_path() says host below.
     } else if (!opt_.manager.empty()) {
-      manager_ = ManagerClient::make(opt_.manager);
+      manager_ = ManagerClient::make(opt_.manager, opt_.tls_ca, opt_.tls_cert, opt_.tls_key);
       JoinRequest jr;
       jr.job = opt_.job;
       jr.rank = opt_.rank;
@@ -644,6 +645,16 @@ class CommunicatorImpl final : public Communicator {
   std::unique_ptr<RequestQueue> queue_;  // last: stopped first
 };
 
+// "" when the options say how to talk to the manager: all three TLS files, or insecure alone.
+std::string manager_tls_problem(const Options& o) {
+  const std::string bad =
+      tls::check({o.tls_ca, o.tls_cert, o.tls_key, o.insecure},
+                 "TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT and TREEDUCE_TLS_KEY", "TREEDUCE_INSECURE=1");
+  if (bad.empty()) return bad;
+  std::string out = "The Aggregation Manager at " + o.manager + " cannot be used: " + bad;
+  return out;
+}
+
 // "" when `a` is HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one, PORT 1..65535),
 // else why not. Without a port gRPC would dial 443, the HTTPS port, and fail much later.
 std::string manager_address_problem(const std::string& a) {
@@ -684,7 +695,12 @@ std::string report_unstartable(const UnstartableRank& who, const std::string& wh
            who.manager + "): they wait for this rank until their join timeout.";
   if (const std::string bad = manager_address_problem(who.manager); !bad.empty())
     return "The other ranks cannot be told: " + bad;
-  const std::string no = ManagerClient::make(who.manager)->abort(who.job, who.rank, why);
+  // Read directly: the variables in question may be the malformed ones.
+  const tls::TlsOptions t = tls::from_environment();
+  const std::string no =
+      (t.insecure || t.secure())
+          ? ManagerClient::make(who.manager, t.ca, t.cert, t.key)->abort(who.job, who.rank, why)
+          : "no TLS certificates and no TREEDUCE_INSECURE=1";
   if (no.empty())
     return self + " told the Aggregation Manager at " + who.manager + ", which fails job '" +
            who.job + "' for every rank.";
@@ -728,6 +744,10 @@ std::unique_ptr<Communicator> Communicator::create(const Options& opt, Result* r
   } else if (std::string why = opt.manager.empty() ? "" : manager_address_problem(opt.manager);
              !why.empty()) {
     s = invalid_argument(why);
+  } else if (std::string bad =
+                 opt.manager.empty() || opt.path == Path::host ? "" : manager_tls_problem(opt);
+             !bad.empty()) {
+    s = invalid_argument(bad);
   } else {
     c = std::make_unique<CommunicatorImpl>(opt);
     s = c->init();

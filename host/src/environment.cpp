@@ -335,6 +335,14 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
   }
 
   if (const Var v = first_of({"TREEDUCE_MANAGER"}); v.name) o.manager = v.value;
+  if (const Var v = first_of({"TREEDUCE_TLS_CA"}); v.name) o.tls_ca = v.value;
+  if (const Var v = first_of({"TREEDUCE_TLS_CERT"}); v.name) o.tls_cert = v.value;
+  if (const Var v = first_of({"TREEDUCE_TLS_KEY"}); v.name) o.tls_key = v.value;
+  if (const Var v = first_of({"TREEDUCE_INSECURE"}); v.name) {
+    std::uint64_t i = 0;
+    if (auto s = number(v, 0, 1, &i); !s.ok()) return s;
+    o.insecure = i != 0;
+  }
   if (const Var v = first_of({"TREEDUCE_HOST"}); v.name) {
     o.host = v.value;
   } else if (o.host.empty()) {

@@ -40,6 +40,7 @@ Result to_result(const treeduce::Status& s) noexcept {
       return Result::timeout;
     case Code::failed_precondition:
     case Code::permission_denied:
+    case Code::unauthenticated:
     case Code::resource_exhausted:
     case Code::already_exists:
       return Result::refused;
@@ -48,6 +49,7 @@ Result to_result(const treeduce::Status& s) noexcept {
       return Result::failed;
     case Code::internal:
     case Code::unknown:
+    case Code::data_loss:
       return Result::internal;
   }
   return Result::internal;

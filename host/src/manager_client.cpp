@@ -28,6 +28,7 @@
 #include <mutex>
 #include <thread>
 
+#include "grpc_tls.h"
 #include "manager.grpc.pb.h"
 #include "manager_client.h"
 
@@ -73,7 +74,7 @@ Result join_result(grpc::StatusCode c) {
 
 class GrpcManagerClient final : public ManagerClient {
  public:
-  explicit GrpcManagerClient(const std::string& address) : address_(address) {
+  GrpcManagerClient(const std::string& address, const tls::TlsOptions& tls) : address_(address) {
     // A restarted manager must see this rank's heartbeats again well within its restore grace
     // (15 s): gRPC's default reconnect backoff grows to 120 s. The "min" backoff is also how
     // long one connection attempt may take (gRPC's min_connect_timeout): at 100 ms, Joins on a
@@ -82,14 +83,23 @@ class GrpcManagerClient final : public ManagerClient {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    stub_ = pb::JobService::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    auto creds = tls::channel_credentials(tls, &tls_error_);
+    // Unreadable files: a channel that can never connect, whose calls fail; join() and abort()
+    // say why instead.
+    if (!creds) creds = grpc::InsecureChannelCredentials();
+    stub_ = pb::JobService::NewStub(grpc::CreateCustomChannel(address, creds, args));
   }
 
   ~GrpcManagerClient() override { stop_heartbeats(); }
 
   JoinOutcome join(const JoinRequest& req) override {
     stop_heartbeats();  // a second join replaces the first
+    if (!tls_error_.empty()) {
+      JoinOutcome out;
+      out.result = Result::invalid_argument;
+      out.reason = "Cannot reach the Aggregation Manager at " + address_ + ": " + tls_error_;
+      return out;
+    }
     pb::JoinRequest r;
     r.set_job(req.job);
     r.set_rank(req.rank);
@@ -110,6 +120,14 @@ class GrpcManagerClient final : public ManagerClient {
     const grpc::Status s = stub_->Join(&ctx, r, &rep);
     job_ = req.job;
     rank_ = req.rank;
+    // The job's credential (manager.proto JobService.Join), for heartbeats and Leave; refusals
+    // carry it too.
+    credential_.clear();
+    const auto& trailers = ctx.GetServerTrailingMetadata();
+    if (auto c = trailers.find(tls::kCredentialMetadata); c != trailers.end())
+      credential_.assign(c->second.data(), c->second.size());
+    if (s.ok() && !rep.assignment().credential().empty())
+      credential_ = rep.assignment().credential();
     joined_ = true;
     JoinOutcome out;
     out.result = join_result(s.error_code());
@@ -156,6 +174,7 @@ class GrpcManagerClient final : public ManagerClient {
 
   std::string abort(const std::string& job, std::optional<std::uint32_t> rank,
                     const std::string& why) override {
+    if (!tls_error_.empty()) return tls_error_;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + kLeaveDeadline);
     pb::AbortRequest r;
@@ -185,6 +204,7 @@ class GrpcManagerClient final : public ManagerClient {
     pb::LeaveRequest r;
     r.set_job(job_);
     r.set_rank(rank_);
+    r.set_credential(credential_);
     pb::LeaveReply rep;
     const grpc::Status s = stub_->Leave(&ctx, r, &rep);
     // Unknown job: the manager already dropped it. Never reached: nothing to tell it.
@@ -220,11 +240,16 @@ class GrpcManagerClient final : public ManagerClient {
       pb::HeartbeatRequest r;
       r.set_job(job_);
       r.set_rank(rank_);
+      r.set_credential(credential_);
       pb::HeartbeatReply rep;
       const grpc::Status s = stub_->Heartbeat(&ctx, r, &rep);
       lock.lock();
       ++counts_.sent;
-      if (s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND) ++counts_.answered;
+      // A refused credential is an answer too: the manager holds the job under another one.
+      const bool refused = s.error_code() == grpc::StatusCode::NOT_FOUND ||
+                           s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+                           s.error_code() == grpc::StatusCode::UNAUTHENTICATED;
+      if (s.ok() || refused) ++counts_.answered;
       if (s.ok()) {
         last_answer = Clock::now();
         logged_outage = false;
@@ -236,7 +261,7 @@ class GrpcManagerClient final : public ManagerClient {
                                                         "' has no working tree any more."
                                                   : rep.reason());
         }
-      } else if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      } else if (refused) {
         // The manager is up but has dropped the job (a lapsed lease): its tree is gone.
         if (usable_) {
           usable_ = false;
@@ -254,10 +279,12 @@ class GrpcManagerClient final : public ManagerClient {
   }
 
   const std::string address_;
+  std::string tls_error_;  ///< a TLS file could not be read: every call says so
   std::unique_ptr<pb::JobService::Stub> stub_;
   // Set by join(), read by leave() and the heartbeat thread (which join() starts after them).
   std::string job_;
   std::uint32_t rank_ = 0;
+  std::string credential_;  ///< the job's, from Join
   bool joined_ = false;
   bool reached_ = false;   // the last join got past the transport
   mutable std::mutex mu_;  // guards what follows
@@ -272,8 +299,10 @@ class GrpcManagerClient final : public ManagerClient {
 
 }  // namespace
 
-std::unique_ptr<ManagerClient> ManagerClient::make(const std::string& address) {
-  return std::make_unique<GrpcManagerClient>(address);
+std::unique_ptr<ManagerClient> ManagerClient::make(const std::string& address,
+                                                   const std::string& ca, const std::string& cert,
+                                                   const std::string& key) {
+  return std::make_unique<GrpcManagerClient>(address, tls::TlsOptions{ca, cert, key, false});
 }
 
 }  // namespace treeduce::host

@@ -95,16 +95,15 @@ std::string Fabric::manager_address() const {
 }
 
 std::vector<std::string> Fabric::rank_env(int h, const std::string& job) const {
-  std::vector<std::string> env = {"env",
-                                  "TREEDUCE_MANAGER=" + manager_address(),
-                                  "TREEDUCE_JOB=" + job,
-                                  "TREEDUCE_RANK=" + std::to_string(h),
-                                  "TREEDUCE_WORLD_SIZE=" + std::to_string(kHosts),
-                                  "TREEDUCE_HOST=" + host_ip(h),
-                                  "TREEDUCE_BIND=" + host_ip(h),
-                                  "TREEDUCE_PORT=" + std::to_string(kHostPort),
-                                  "TREEDUCE_FALLBACK_STORE=" + lab_.dir() + "/gloo-" + job,
-                                  "TREEDUCE_FALLBACK_ADDRESS=" + host_mgmt_ip(h)};
+  std::vector<std::string> env = {
+      "env", "TREEDUCE_MANAGER=" + manager_address(),
+      // The emulated fabric's control plane is plain gRPC (the
+      // `treeduce lab` one is mutual TLS).
+      "TREEDUCE_INSECURE=1", "TREEDUCE_JOB=" + job, "TREEDUCE_RANK=" + std::to_string(h),
+      "TREEDUCE_WORLD_SIZE=" + std::to_string(kHosts), "TREEDUCE_HOST=" + host_ip(h),
+      "TREEDUCE_BIND=" + host_ip(h), "TREEDUCE_PORT=" + std::to_string(kHostPort),
+      "TREEDUCE_FALLBACK_STORE=" + lab_.dir() + "/gloo-" + job,
+      "TREEDUCE_FALLBACK_ADDRESS=" + host_mgmt_ip(h)};
   if (opt_.slots != 0) env.push_back("TREEDUCE_SLOTS=" + std::to_string(opt_.slots));
   if (opt_.payload_bytes != 0) {
     env.push_back("TREEDUCE_PAYLOAD_BYTES=" + std::to_string(opt_.payload_bytes));
@@ -326,6 +325,7 @@ std::string Fabric::start_manager(const std::string& listen) {
                                    listen,
                                    "--port-file",
                                    port_file,
+                                   "--insecure",
                                    "--lease-ms",
                                    std::to_string(opt_.rank_lease_ms),
                                    "--switch-lease-ms",
@@ -371,7 +371,9 @@ Proc& Fabric::start_switch(const std::string& name, const std::string& cfg,
         std::to_string(opt_.idle_sleep_us), std::string("--metrics"), std::string("127.0.0.1:0"),
         std::string("--final-stats"), lab_.dir() + "/" + name + ".prom",
         // A lab's switches take faults at run time (SetPortFault, `treeduce lab fault`).
-        std::string("--faults"), std::string("true")}) {
+        std::string("--faults"), std::string("true"),
+        // Plain gRPC to the manager and at the agent (the test fabric's own choice).
+        std::string("--insecure")}) {
     argv.push_back(a);
   }
   if (manager_ != nullptr) {

@@ -36,6 +36,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "grpc_tls.h"
 #include "lab_state.h"
 #include "manager.grpc.pb.h"
 #include "treeduce/control/topology.h"
@@ -132,6 +133,56 @@ std::string join(const std::vector<std::string>& v, const std::string& sep = " "
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
   return s;
+}
+
+/// The lab's certificates (docs/lab.md, "TLS"): in <state>/tls/, made by make_pki().
+tls::TlsOptions lab_tls(const std::string& dir, const std::string& who) {
+  const std::string d = dir + "/tls/";
+  return {d + "ca.pem", d + who + ".pem", d + who + ".key", false};
+}
+
+/// The lab's own CA and a certificate for each identity: the manager (for the lab's management
+/// address and loopback), each switch (named after it: the manager takes its registration under
+/// that name only), the admin (the lab's own calls: queries, faults, captures) and the job (the
+/// ranks of `lab run`). P-256 keys, valid ten years: a lab is not a deployment.
+void make_pki(const std::string& dir, const std::string& mgmt_ip,
+              const std::vector<std::string>& switches) {
+  const std::string d = dir + "/tls";
+  if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST)
+    throw Error("cannot make " + d + ": " + std::strerror(errno));
+  const auto openssl = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "openssl");
+    std::string out;
+    if (run_capture(args, &out) != 0)
+      throw Error("cannot make the lab's certificates: " + join(args) + " said: " + out +
+                  " (openssl is package openssl)");
+  };
+  openssl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+           "-keyout", d + "/ca.key", "-out", d + "/ca.pem", "-days", "3650", "-subj",
+           "/CN=treeduce lab CA"});
+  std::vector<std::pair<std::string, std::string>> ids = {
+      {"manager", tls::kDefaultManagerName}, {"admin", tls::kDefaultAdminName}, {"job", "job"}};
+  for (const std::string& sw : switches) ids.push_back({"switch-" + sw, sw});
+  const std::string ext = d + "/leaf.ext";
+  std::ofstream(ext) << "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n"
+                     << "subjectAltName=IP:127.0.0.1,IP:" << mgmt_ip << ",DNS:localhost\n";
+  for (const auto& [file, cn] : ids) {
+    const std::string base = d + "/" + file;
+    openssl({"req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", base + ".key", "-out", base + ".csr", "-subj", "/CN=" + cn});
+    openssl({"x509", "-req", "-in", base + ".csr", "-CA", d + "/ca.pem", "-CAkey", d + "/ca.key",
+             "-CAserial", d + "/ca.srl", "-CAcreateserial", "-days", "3650", "-out", base + ".pem",
+             "-extfile", ext});
+    std::remove((base + ".csr").c_str());
+  }
+}
+
+/// Channel credentials of the lab's admin identity (its queries, faults and captures).
+std::shared_ptr<grpc::ChannelCredentials> admin_creds(const std::string& dir) {
+  std::string error;
+  auto c = tls::channel_credentials(lab_tls(dir, "admin"), &error);
+  if (!c) throw Error(error);
+  return c;
 }
 
 /// `ip ARGS...`; a failure is an Error naming the command and what ip said.
@@ -695,6 +746,9 @@ class Up {
     ip({"addr", "add", s_.mgmt_ip + "/24", "dev", s_.bridge});
     ip({"link", "set", s_.bridge, "up"});
     for (std::size_t h = 0; h < t.hosts.size(); ++h) add_host(t, h);
+    std::vector<std::string> names;
+    for (const ctl::Switch& sw : t.switches) names.push_back(sw.name);
+    make_pki(dir(), s_.mgmt_ip, names);
     start_manager();
     start_switches(t);
     wait_registered();
@@ -780,6 +834,8 @@ class Up {
         manager_bin_,         "-t",      dir() + "/topology.yaml", "-l",   s_.mgmt_ip + ":0",
         "--port-file",        port_file, "--switch-lease-ms",      "5000", "--db",
         dir() + "/manager.db"};
+    const tls::TlsOptions mt = lab_tls(dir(), "manager");
+    argv.insert(argv.end(), {"--tls-ca", mt.ca, "--tls-cert", mt.cert, "--tls-key", mt.key});
     s_.procs.push_back(spawn_detached("manager", "manager", argv, dir() + "/manager.log"));
     save(s_);
     const ProcRec& m = s_.procs.back();
@@ -876,6 +932,9 @@ class Up {
       << ".prom\nseed: " << index + 1
       << "\n# treeduce lab fault and capture: SetPortFault and SetPortCapture on the agent\n"
       << "faults: true\n";
+    const tls::TlsOptions m = lab_tls(dir(), "switch-" + sw.name);
+    y << "# mutual TLS with the lab's own CA (docs/lab.md)\ntls_ca: " << m.ca
+      << "\ntls_cert: " << m.cert << "\ntls_key: " << m.key << "\n";
     Plan p;
     p.config = dir() + "/" + sw.name + ".yaml";
     std::ofstream(p.config) << y.str();
@@ -940,7 +999,7 @@ class Up {
   }
 
   std::unique_ptr<pb::Query::Stub> query() {
-    return pb::Query::NewStub(grpc::CreateChannel(s_.manager, grpc::InsecureChannelCredentials()));
+    return pb::Query::NewStub(grpc::CreateChannel(s_.manager, admin_creds(dir())));
   }
 
   void wait_registered() {
@@ -1292,8 +1351,7 @@ int status(const std::string& name) {
   pb::JobList jl;
   bool asked = false;
   if (manager_alive) {
-    auto stub =
-        pb::Query::NewStub(grpc::CreateChannel(s.manager, grpc::InsecureChannelCredentials()));
+    auto stub = pb::Query::NewStub(grpc::CreateChannel(s.manager, admin_creds(lab_dir(s.name))));
     grpc::ClientContext c1, c2;
     c1.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     c2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -1564,8 +1622,9 @@ std::vector<std::string> mpirun_argv(const State& s, const std::vector<const Hos
       // Control and MPI traffic on the lab's management network, TCP only.
       "--mca", "oob_tcp_if_include", mgmt, "--mca", "btl", "tcp,self", "--mca",
       "btl_tcp_if_include", mgmt};
-  for (const char* v : {"TREEDUCE_MANAGER", "TREEDUCE_JOB", "TREEDUCE_FALLBACK_STORE",
-                        "TREEDUCE_LAB", "MASTER_ADDR", "MASTER_PORT"}) {
+  for (const char* v :
+       {"TREEDUCE_MANAGER", "TREEDUCE_JOB", "TREEDUCE_FALLBACK_STORE", "TREEDUCE_LAB",
+        "MASTER_ADDR", "MASTER_PORT", "TREEDUCE_TLS_CA", "TREEDUCE_TLS_CERT", "TREEDUCE_TLS_KEY"}) {
     argv.push_back("-x");
     argv.push_back(v);
   }
@@ -1576,6 +1635,7 @@ std::vector<std::string> mpirun_argv(const State& s, const std::vector<const Hos
 
 int run_ranks(const std::string& name, const RunArgs& a) {
   const State s = need_lab(name);
+  const tls::TlsOptions job_tls = lab_tls(lab_dir(s.name), "job");
   if (a.cmd.empty()) throw Error("give the command after --: treeduce lab run -- CMD...", 2);
   std::vector<const HostRec*> hosts;
   if (!a.hosts.empty()) {
@@ -1646,6 +1706,8 @@ int run_ranks(const std::string& name, const RunArgs& a) {
             {"TREEDUCE_MANAGER", s.manager},    {"TREEDUCE_JOB", job},
             {"TREEDUCE_FALLBACK_STORE", store}, {"TREEDUCE_LAB", s.name},
             {"OMPI_ALLOW_RUN_AS_ROOT", "1"},    {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+            {"TREEDUCE_TLS_CA", job_tls.ca},    {"TREEDUCE_TLS_CERT", job_tls.cert},
+            {"TREEDUCE_TLS_KEY", job_tls.key},
         };
         for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
         std::vector<char*> argv;
@@ -1677,6 +1739,10 @@ int run_ranks(const std::string& name, const RunArgs& a) {
           {"TREEDUCE_FALLBACK_ADDRESS", h.mgmt_ip},
           {"TREEDUCE_LAB", s.name},
           {"TREEDUCE_LAB_HOST", h.name},
+          // The job identity of the lab's CA: ranks talk mutual TLS to the manager.
+          {"TREEDUCE_TLS_CA", job_tls.ca},
+          {"TREEDUCE_TLS_CERT", job_tls.cert},
+          {"TREEDUCE_TLS_KEY", job_tls.key},
       };
       for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;
@@ -1869,7 +1935,7 @@ std::unique_ptr<pb::SwitchAgent::Stub> agent_of(const State& s, const std::strin
                 (s.name == "default" ? "" : " --name " + s.name) + "` starts it again).");
   }
   return pb::SwitchAgent::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), admin_creds(lab_dir(s.name))));
 }
 
 /// Sets one port's whole fault state on its switch.
@@ -1948,8 +2014,7 @@ const SwitchRec& find_switch(const State& s, const std::string& name) {
 
 /// Waits until the manager lists every switch registered and up.
 void wait_switches_up(const State& s, std::chrono::seconds bound) {
-  auto stub =
-      pb::Query::NewStub(grpc::CreateChannel(s.manager, grpc::InsecureChannelCredentials()));
+  auto stub = pb::Query::NewStub(grpc::CreateChannel(s.manager, admin_creds(lab_dir(s.name))));
   std::vector<std::string> missing;
   const bool ok = wait_for(
       [&] {

@@ -118,6 +118,7 @@ struct Grpc : ::testing::Test {
     pb::HeartbeatRequest r;
     r.set_job(job);
     r.set_rank(rank);
+    r.set_credential(reg->credential_of(job));  // as the job's ranks do
     return jobs->Heartbeat(&ctx, r, rep);
   }
 };
@@ -163,6 +164,7 @@ TEST_F(Grpc, JoinInstallsOnRealSwitchCoresAndLeaveRemoves) {
     pb::LeaveRequest lr;
     lr.set_job("train");
     lr.set_rank(r);
+    lr.set_credential(res[r].second.assignment().credential());
     pb::LeaveReply rep;
     ASSERT_TRUE(jobs->Leave(&ctx, lr, &rep).ok());
   }
@@ -282,7 +284,8 @@ namespace {
 
 // Runs the treeduce CLI; returns exit status and output (stdout and stderr).
 std::pair<int, std::string> cli(const std::string& args) {
-  std::string cmd = std::string(TREEDUCE_CLI_BIN) + " " + args + " 2>&1";
+  // The in-process manager runs without TLS.
+  std::string cmd = "TREEDUCE_INSECURE=1 " + std::string(TREEDUCE_CLI_BIN) + " " + args + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -344,7 +347,8 @@ struct Daemon {
                                        // Leases on the daemon's real clock: long enough
                                        // that a loaded machine delaying heartbeats cannot
                                        // expire one during a test.
-                                       "--switch-lease-ms", "10000", "--restore-grace-ms", "10000"};
+                                       "--switch-lease-ms", "10000", "--restore-grace-ms", "10000",
+                                       "--insecure"};
       if (!db.empty()) {
         argv.push_back("--db");
         argv.push_back(db.c_str());
@@ -380,18 +384,21 @@ std::string temp_dir(const std::string& tag) {
   return dir.string();
 }
 
-std::vector<grpc::Status> join_four(const std::string& addr, const std::string& job) {
+// The four ranks' Join statuses; `*credential` gets the job's credential from them.
+std::vector<grpc::Status> join_four(const std::string& addr, const std::string& job,
+                                    std::string* credential = nullptr) {
   auto stub =
       pb::JobService::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
   std::vector<grpc::Status> st(4);
+  std::vector<pb::JoinReply> rep(4);
   std::vector<std::thread> th;
   for (std::uint32_t r = 0; r < 4; ++r)
     th.emplace_back([&, r] {
       grpc::ClientContext ctx;
-      pb::JoinReply rep;
-      st[r] = stub->Join(&ctx, join_req(job, r, 4, "10.1.0." + std::to_string(r + 1)), &rep);
+      st[r] = stub->Join(&ctx, join_req(job, r, 4, "10.1.0." + std::to_string(r + 1)), &rep[r]);
     });
   for (auto& t : th) t.join();
+  if (credential) *credential = rep[0].assignment().credential();
   return st;
 }
 
@@ -423,7 +430,9 @@ TEST(ManagerProcess, KilledDaemonRestartsWithoutDisturbingTrees) {
   ASSERT_GT(first->port, 0);
   const std::string addr = first->addr();
   Fabric f(topo, addr);
-  for (auto& s : join_four(addr, "train")) ASSERT_TRUE(s.ok()) << s.error_message();
+  std::string credential;
+  for (auto& s : join_four(addr, "train", &credential)) ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(credential.size(), 32u);
   std::map<std::string, std::pair<int, int>> calls;
   for (auto& [n, a] : f.agents) calls[n] = {a->installs(), a->removes()};
   EXPECT_EQ(f.trees(), 3u);
@@ -442,6 +451,8 @@ TEST(ManagerProcess, KilledDaemonRestartsWithoutDisturbingTrees) {
     pb::HeartbeatRequest hr;
     hr.set_job("train");
     hr.set_rank(r);
+    // The credential survives the restart with the job (--db).
+    hr.set_credential(credential);
     pb::HeartbeatReply rep;
     grpc::Status s = stub->Heartbeat(&ctx, hr, &rep);
     ASSERT_TRUE(s.ok()) << s.error_message();
@@ -468,6 +479,7 @@ TEST(ManagerProcess, KilledDaemonRestartsWithoutDisturbingTrees) {
     pb::LeaveRequest lr;
     lr.set_job("train");
     lr.set_rank(r);
+    lr.set_credential(credential);
     pb::LeaveReply rep;
     ASSERT_TRUE(stub->Leave(&ctx, lr, &rep).ok());
   }
@@ -618,27 +630,27 @@ TEST_F(Grpc, DoctorPingsTheLeafSwitch) {
     return out;
   };
   const std::string bin = TREEDUCE_CLI_BIN;
-  std::string out = run("TREEDUCE_STATIC_LEAF=127.0.0.1:47110 " + bin + " --manager " + addr +
-                        " doctor --job reach --world 4");
+  std::string out = run("TREEDUCE_INSECURE=1 TREEDUCE_STATIC_LEAF=127.0.0.1:47110 " + bin +
+                        " --manager " + addr + " doctor --job reach --world 4");
   EXPECT_NE(out.find("\nok       The leaf switch at 127.0.0.1 answers ICMP echo from this host.\n"),
             std::string::npos)
       << out;
   // --leaf wins over the variable; --no-ping skips it (no ok and no warning line about it).
-  out = run("TREEDUCE_STATIC_LEAF=10.98.0.1:47110 " + bin + " --manager " + addr +
-            " doctor --job reach --world 4 --leaf 127.0.0.1:47110");
+  out = run("TREEDUCE_INSECURE=1 TREEDUCE_STATIC_LEAF=10.98.0.1:47110 " + bin + " --manager " +
+            addr + " doctor --job reach --world 4 --leaf 127.0.0.1:47110");
   EXPECT_NE(out.find("\nok       The leaf switch at 127.0.0.1 answers ICMP echo from this host.\n"),
             std::string::npos)
       << out;
-  out = run("TREEDUCE_STATIC_LEAF=127.0.0.1:47110 " + bin + " --manager " + addr +
-            " doctor --job reach --world 4 --no-ping");
+  out = run("TREEDUCE_INSECURE=1 TREEDUCE_STATIC_LEAF=127.0.0.1:47110 " + bin + " --manager " +
+            addr + " doctor --job reach --world 4 --no-ping");
   EXPECT_EQ(out.find("ICMP echo"), std::string::npos) << out;
   EXPECT_EQ(out.find("route to"), std::string::npos) << out;
   if (run("unshare -n true") != "") GTEST_SKIP() << "no network namespace of our own (root)";
-  out =
-      run("unshare -n sh -c 'ip link add a0 type veth peer name b0 && ip addr add 10.99.0.1/24 dev "
-          "a0 && ip link set a0 up && ip link set b0 up && TREEDUCE_STATIC_LEAF=10.99.0.2:47110 " +
-          bin + " --manager 127.0.0.1:1 doctor --world 2; TREEDUCE_STATIC_LEAF=10.98.0.1 " + bin +
-          " --manager 127.0.0.1:1 doctor --world 2'");
+  out = run(
+      "unshare -n sh -c 'ip link add a0 type veth peer name b0 && ip addr add 10.99.0.1/24 dev "
+      "a0 && ip link set a0 up && ip link set b0 up && TREEDUCE_STATIC_LEAF=10.99.0.2:47110 " +
+      bin + " --insecure --manager 127.0.0.1:1 doctor --world 2; TREEDUCE_STATIC_LEAF=10.98.0.1 " +
+      bin + " --insecure --manager 127.0.0.1:1 doctor --world 2'");
   EXPECT_NE(out.find("warning  The leaf switch's data address 10.99.0.2 did not answer 3 ICMP "
                      "echo requests from this host: check the route to it (ip route get "
                      "10.99.0.2), that 10.99.0.2 is the leaf's data address (data: in its "
@@ -653,4 +665,239 @@ TEST_F(Grpc, DoctorPingsTheLeafSwitch) {
                      "the in-network path fails and the ranks fall back.\n"),
             std::string::npos)
       << out;
+}
+
+// ---- Security (docs/manager.md, "Security") -----------------------------------------------
+
+// Heartbeat, Leave, a job's ListJobs and Abort with a credential refuse a call with none
+// (UNAUTHENTICATED), a wrong one and another job's (PERMISSION_DENIED), each with a sentence
+// naming the call and the job; the job's own credential is taken, and every answer to Join, a
+// refusal too, carries it in the trailing metadata.
+TEST_F(Grpc, JobCallsNeedTheJobsCredential) {
+  Fabric f(topo, addr);
+  auto a = join_all("a");
+  for (auto& [s, rep] : a) ASSERT_TRUE(s.ok()) << s.error_message();
+  const std::string cred_a = a[0].second.assignment().credential();
+  EXPECT_EQ(cred_a.size(), 32u);
+  for (auto& [s, rep] : a) EXPECT_EQ(rep.assignment().credential(), cred_a);
+  // Job b: one rank that is refused (its world size does not fit the first rank's) still learns
+  // b's credential, from the trailing metadata.
+  pb::JoinReply rb;
+  ASSERT_TRUE(join(join_req("b", 0, 1, "h0", 5000), &rb).ok());
+  const std::string cred_b = rb.assignment().credential();
+  ASSERT_FALSE(cred_b.empty());
+  EXPECT_NE(cred_b, cred_a);
+  {
+    grpc::ClientContext ctx;
+    pb::JoinReply rep;
+    pb::JoinRequest bad = join_req("a", 0, 3, "h0");
+    EXPECT_FALSE(jobs->Join(&ctx, bad, &rep).ok());
+    auto it = ctx.GetServerTrailingMetadata().find(tls::kCredentialMetadata);
+    ASSERT_NE(it, ctx.GetServerTrailingMetadata().end());
+    EXPECT_EQ(std::string(it->second.data(), it->second.size()), cred_a);
+  }
+
+  auto q = pb::Query::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  const auto call = [&](const std::string& which, const std::string& cred) {
+    grpc::ClientContext ctx;
+    if (which == "Heartbeat") {
+      pb::HeartbeatRequest r;
+      r.set_job("a");
+      r.set_rank(0);
+      r.set_credential(cred);
+      pb::HeartbeatReply rep;
+      return jobs->Heartbeat(&ctx, r, &rep);
+    }
+    if (which == "Leave") {
+      pb::LeaveRequest r;
+      r.set_job("a");
+      r.set_rank(0);
+      r.set_credential(cred);
+      pb::LeaveReply rep;
+      return jobs->Leave(&ctx, r, &rep);
+    }
+    if (which == "Abort") {
+      pb::AbortRequest r;
+      r.set_job("a");
+      r.set_reason("TREEDUCE_SLOTS is 3.");
+      r.set_credential(cred);
+      pb::AbortReply rep;
+      return jobs->Abort(&ctx, r, &rep);
+    }
+    pb::ListRequest r;
+    r.set_job("a");
+    r.set_credential(cred);
+    pb::JobList rep;
+    return q->ListJobs(&ctx, r, &rep);
+  };
+  for (const std::string which : {"Heartbeat", "Leave", "ListJobs", "Abort"}) {
+    SCOPED_TRACE(which);
+    grpc::Status s;
+    if (which != "Abort") {  // a rank that cannot start has none: Abort takes none
+      s = call(which, "");
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_EQ(s.error_message(),
+                which +
+                    " of job 'a' carries no job credential; only the job's ranks, with the "
+                    "credential Join gave them, may make it.");
+    }
+    for (const std::string& wrong : {std::string(32, '0'), std::string("x"), cred_b}) {
+      s = call(which, wrong);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << wrong;
+      EXPECT_EQ(s.error_message(),
+                which +
+                    " of job 'a' carries a credential that is not the job's (another job's, "
+                    "or one from before the job started again).");
+    }
+  }
+  // Nothing of job a changed; with its credential, each is taken.
+  pb::HeartbeatReply hb;
+  ASSERT_TRUE(heartbeat("a", 0, &hb).ok());
+  EXPECT_EQ(hb.state(), pb::JOB_STATE_RUNNING);
+  {
+    grpc::ClientContext ctx;
+    pb::ListRequest r;
+    r.set_job("a");
+    r.set_credential(cred_a);
+    pb::JobList jl;
+    ASSERT_TRUE(q->ListJobs(&ctx, r, &jl).ok());
+    ASSERT_EQ(jl.jobs_size(), 1);  // only its own job
+    EXPECT_EQ(jl.jobs(0).job(), "a");
+  }
+  // Abort with the right credential reaches the registry's rule: a running job is not aborted.
+  EXPECT_EQ(call("Abort", cred_a).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(call("Leave", cred_a).ok());
+}
+
+namespace {
+
+// Certificates made as docs/deploy.md says (deploy/examples/make-certs.sh), once per process.
+const std::string& certs() {
+  static const std::string dir = [] {
+    const std::string d = temp_dir("tls");
+    const std::string make =
+        std::string(TREEDUCE_SOURCE_ROOT) + "/deploy/examples/make-certs.sh " + d + " ";
+    for (const std::string what :
+         {"ca", "treeduce-manager IP:127.0.0.1", "treeduce-admin", "leaf0", "job"})
+      EXPECT_EQ(std::system((make + what + " >/dev/null").c_str()), 0) << what;
+    return d;
+  }();
+  return dir;
+}
+
+tls::TlsOptions identity(const std::string& who) {
+  return {certs() + "/ca.pem", certs() + "/" + who + ".pem", certs() + "/" + who + ".key", false};
+}
+
+// A manager with mutual TLS (its registry needs no agents).
+struct TlsManager : ::testing::Test {
+  Topology topo = *load_topology_yaml(doc_yaml());
+  GrpcSwitchClient client{1000, identity("treeduce-manager")};
+  std::unique_ptr<JobRegistry> reg;
+  std::unique_ptr<ManagerServer> server;
+  std::string addr;
+  void SetUp() override {
+    RegistryOptions o;
+    o.require_registration = false;
+    reg = std::make_unique<JobRegistry>(topo, client, o);
+    server = std::make_unique<ManagerServer>(*reg, "127.0.0.1:0", 25, identity("treeduce-manager"));
+    ASSERT_TRUE(server->ok()) << server->error();
+    addr = "127.0.0.1:" + std::to_string(server->port());
+  }
+  std::shared_ptr<grpc::Channel> channel(const std::string& who) {
+    std::string error;
+    auto c = tls::channel_credentials(identity(who), &error);
+    EXPECT_TRUE(c) << error;
+    return grpc::CreateChannel(addr, c);
+  }
+  static grpc::Status list_switches(const std::shared_ptr<grpc::Channel>& ch) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::SwitchList sl;
+    return pb::Query::NewStub(ch)->ListSwitches(&ctx, pb::ListRequest(), &sl);
+  }
+};
+
+}  // namespace
+
+// A client without a certificate of the CA is refused in the handshake; with one, the caller's
+// identity decides: the admin lists every job and fails a switch, a job's certificate may not,
+// and a switch registers only under its own name.
+TEST_F(TlsManager, IdentitiesDecideWhoMayDoWhat) {
+  EXPECT_EQ(
+      list_switches(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials())).error_code(),
+      grpc::StatusCode::UNAVAILABLE);
+  grpc::SslCredentialsOptions no_cert;  // trusts the CA, presents nothing
+  std::ifstream ca(certs() + "/ca.pem");
+  no_cert.pem_root_certs.assign(std::istreambuf_iterator<char>(ca), {});
+  EXPECT_EQ(list_switches(grpc::CreateChannel(addr, grpc::SslCredentials(no_cert))).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(list_switches(channel("job")).ok());
+
+  const auto list_jobs = [&](const std::string& who) {
+    grpc::ClientContext ctx;
+    pb::JobList jl;
+    return pb::Query::NewStub(channel(who))->ListJobs(&ctx, pb::ListRequest(), &jl);
+  };
+  const auto fail_switch = [&](const std::string& who, const std::string& name) {
+    grpc::ClientContext ctx;
+    pb::FailSwitchRequest r;
+    r.set_name(name);
+    pb::AdminReply rep;
+    return pb::Admin::NewStub(channel(who))->FailSwitch(&ctx, r, &rep);
+  };
+  grpc::Status s = list_jobs("job");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Listing every job needs the admin identity (the caller's certificate names 'job', "
+            "not the admin identity 'treeduce-admin'); a job's ranks list their own job with "
+            "its name and credential.");
+  EXPECT_TRUE(list_jobs("treeduce-admin").ok());
+  s = fail_switch("job", "leaf0");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Declaring switch 'leaf0' failed needs the admin identity (the caller's certificate "
+            "names 'job', not the admin identity 'treeduce-admin').");
+  EXPECT_EQ(fail_switch("leaf0", "leaf0").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(fail_switch("treeduce-admin", "nosuch").error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(fail_switch("treeduce-admin", "leaf0").ok());
+  for (const SwitchView& v : reg->switches())
+    EXPECT_EQ(v.up, topo.switches[v.index].name != "leaf0") << topo.switches[v.index].name;
+
+  const auto register_as = [&](const std::string& who, const std::string& name) {
+    grpc::ClientContext ctx;
+    pb::RegisterRequest r;
+    r.set_name(name);
+    r.set_agent_address("127.0.0.1:1");
+    pb::RegisterReply rep;
+    return pb::SwitchRegistry::NewStub(channel(who))->Register(&ctx, r, &rep);
+  };
+  s = register_as("leaf0", "leaf1");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "A certificate for 'leaf0' cannot register as switch 'leaf1'; a switch's "
+            "certificate names the switch (CN).");
+  EXPECT_EQ(register_as("job", "leaf0").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(register_as("leaf0", "leaf0").ok());
+}
+
+// The daemon refuses to start without certificates unless told --insecure, in one sentence.
+TEST(ManagerProcess, RefusesToStartWithoutCertificatesOrInsecure) {
+  const std::string dir = temp_dir("notls");
+  const std::string yaml = dir + "/fabric.yaml";
+  std::ofstream(yaml) << doc_yaml();
+  FILE* p = popen(
+      (std::string(TREEDUCE_MANAGER_BIN) + " --topology " + yaml + " --listen 127.0.0.1:0 2>&1")
+          .c_str(),
+      "r");
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << st;
+  EXPECT_EQ(out,
+            "treeduce-manager: no TLS certificates: give --tls-ca, --tls-cert and --tls-key "
+            "(docs/deploy.md, \"TLS\"), or --insecure to run without authentication in a lab or "
+            "test.\n");
+  std::filesystem::remove_all(dir);
 }

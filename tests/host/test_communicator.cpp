@@ -476,6 +476,7 @@ TEST(Communicator, ManagerAddressNeedsAPort) {
     o.job = "addr";
     o.world_size = 1;
     o.manager = a;
+    o.insecure = true;
     Result r = Result::ok;
     std::string error;
     EXPECT_EQ(Communicator::create(o, &r, &error), nullptr);
@@ -489,6 +490,7 @@ TEST(Communicator, ManagerAddressNeedsAPort) {
     o.job = "addr";
     o.world_size = 1;
     o.manager = a;
+    o.insecure = true;
     Result r = Result::ok;
     std::string error;
     auto comm = Communicator::create(o, &r, &error);
@@ -932,6 +934,7 @@ TEST(Communicator, UnreachableManager) {
   Options o;
   o.job = "no-manager";
   o.manager = manager;
+  o.insecure = true;
   o.host = "127.0.0.10";
   o.path = Path::network;
   o.join_timeout_ms = 2000;

@@ -316,10 +316,9 @@ TEST_F(ManagerClientTest, HostPathCallNamesTheSwitchModelThatCannotReduceIt) {
   start();
   const std::string store = "/tmp/treeduce-test-probe-" + std::to_string(getpid());
   const std::vector<std::string> env = {
-      "TREEDUCE_MANAGER=" + addr, "TREEDUCE_JOB=probe",
-      "TREEDUCE_RANK=0",          "TREEDUCE_WORLD_SIZE=1",
-      "TREEDUCE_HOST=h0",         "TREEDUCE_PORT=29990",
-      "TREEDUCE_PATH=auto",       "TREEDUCE_FALLBACK_STORE=" + store};
+      "TREEDUCE_MANAGER=" + addr, "TREEDUCE_JOB=probe",    "TREEDUCE_INSECURE=1",
+      "TREEDUCE_RANK=0",          "TREEDUCE_WORLD_SIZE=1", "TREEDUCE_HOST=h0",
+      "TREEDUCE_PORT=29990",      "TREEDUCE_PATH=auto",    "TREEDUCE_FALLBACK_STORE=" + store};
   auto [rc, out] = run_probe(env, {"f64", "sum", "1024", "i32", "max", "u32", "sum", "i64", "sum"});
   std::filesystem::remove_all(store);
   ASSERT_EQ(rc, 0) << out;
@@ -348,9 +347,9 @@ TEST_F(ManagerClientTest, MalformedEnvironmentOnOneRankFailsCreationOnEveryRank)
   for (const bool bad_first : {false, true}) {
     const std::string job = bad_first ? "bad-env-first" : "bad-env-last";
     const std::string store = "/tmp/treeduce-test-probe-" + job + std::to_string(getpid());
-    const std::vector<std::string> common = {"TREEDUCE_MANAGER=" + addr, "TREEDUCE_JOB=" + job,
-                                             "TREEDUCE_WORLD_SIZE=2", "TREEDUCE_PATH=auto",
-                                             "TREEDUCE_FALLBACK_STORE=" + store};
+    const std::vector<std::string> common = {
+        "TREEDUCE_MANAGER=" + addr, "TREEDUCE_INSECURE=1", "TREEDUCE_JOB=" + job,
+        "TREEDUCE_WORLD_SIZE=2",    "TREEDUCE_PATH=auto",  "TREEDUCE_FALLBACK_STORE=" + store};
     std::vector<std::string> good = common, bad = common;
     for (const char* kv : {"TREEDUCE_RANK=0", "TREEDUCE_HOST=h0", "TREEDUCE_PORT=29980"})
       good.push_back(kv);

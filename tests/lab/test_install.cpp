@@ -94,6 +94,7 @@ TEST_F(Install, EverythingInItsPlace) {
       d_.data + "/treeduce/examples/switch-leaf0.yaml",
       d_.data + "/treeduce/examples/switch-leaf0.env",
       d_.data + "/treeduce/examples/manager.env",
+      d_.data + "/treeduce/examples/make-certs.sh",
       d_.data + "/treeduce/examples/lab/main-two-level.yaml",
       d_.data + "/doc/treeduce/README.md",
       d_.data + "/doc/treeduce/docs/deploy.md",
@@ -160,6 +161,18 @@ TEST_F(Install, UnitsAreValidAndStartTheInstalledPrograms) {
   std::string args = line_of(env, "TREEDUCE_MANAGER_ARGS=").substr(22);
   args = std::regex_replace(args, std::regex("--listen=\\S+"), "--listen=127.0.0.1:0");
   ASSERT_NE(args.find("--listen=127.0.0.1:0"), std::string::npos) << env;
+  // Its certificates, made as docs/deploy.md says with the installed make-certs.sh, where the
+  // example expects them (here under the test's directory).
+  const std::string tls = dir_ + "/tls";
+  const std::string make =
+      shq(in_dest(d_.data + "/treeduce/examples/make-certs.sh")) + " " + shq(tls);
+  for (const std::string& what :
+       {std::string(" ca"), std::string(" treeduce-manager IP:127.0.0.1")}) {
+    const Result r = run(make + what);
+    ASSERT_EQ(r.status, 0) << r.out;
+  }
+  ASSERT_NE(args.find("/usr/local/etc/treeduce/tls/"), std::string::npos) << env;
+  args = std::regex_replace(args, std::regex("/usr/local/etc/treeduce/tls/"), tls + "/");
   const std::string log = dir_ + "/manager.log";
   const std::string cmd = "exec " + shq(in_dest(d_.bin + "/treeduce-manager")) + " --topology " +
                           shq(in_dest(d_.data + "/treeduce/examples/topology.yaml")) + " --db " +
@@ -178,6 +191,7 @@ TEST_F(Install, UnitsAreValidAndStartTheInstalledPrograms) {
   if (exited) manager_ = -1;
   EXPECT_FALSE(exited) << read_file(log);
   EXPECT_TRUE(has(read_file(log), "listening on port")) << read_file(log);
+  EXPECT_TRUE(has(read_file(log), "with mutual TLS")) << read_file(log);
 }
 
 /// A lab run from the installed tree: the DESTDIR's treeduce, which finds the switch and the

@@ -209,7 +209,7 @@ TEST_F(LabTorch, RankKilledMidTrainingEveryOtherRankGetsAnError) {
   std::map<std::string, std::string> vars;  // host -> "VAR=value ..."
   std::istringstream in(env.out);
   static const std::regex re(
-      R"(^\[(h\d)\] ((RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|TREEDUCE_(BIND|HOST|MANAGER|FALLBACK_ADDRESS))=\S+)$)");
+      R"(^\[(h\d)\] ((RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|TREEDUCE_(BIND|HOST|MANAGER|FALLBACK_ADDRESS|TLS_CA|TLS_CERT|TLS_KEY))=\S+)$)");
   for (std::string l; std::getline(in, l);) {
     std::smatch m;
     if (std::regex_match(l, m, re)) vars[m[1]] += " " + shq(m[2]);

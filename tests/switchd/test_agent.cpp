@@ -446,11 +446,13 @@ struct WithManager : ::testing::Test {
     for (auto& t : th) t.join();
     return rep;
   }
-  grpc::Status leave(pb::JobService::Stub& stub, const std::string& job, std::uint32_t rank) {
+  grpc::Status leave(pb::JobService::Stub& stub, const std::string& job, std::uint32_t rank,
+                     const std::string& credential) {
     grpc::ClientContext ctx;
     pb::LeaveRequest q;
     q.set_job(job);
     q.set_rank(rank);
+    q.set_credential(credential);
     pb::LeaveReply rep;
     return stub.Leave(&ctx, q, &rep);
   }
@@ -525,9 +527,9 @@ TEST_F(WithManager, JoinInstallsOnTheAgentAndLeaveRemoves) {
   EXPECT_TRUE(trees.removes().empty());
 
   auto stub = jobs();
-  ASSERT_TRUE(leave(*stub, "train", 0).ok());
+  ASSERT_TRUE(leave(*stub, "train", 0, a.credential()).ok());
   EXPECT_TRUE(trees.removes().empty());  // the tree goes with the last rank
-  ASSERT_TRUE(leave(*stub, "train", 1).ok());
+  ASSERT_TRUE(leave(*stub, "train", 1, a.credential()).ok());
   EXPECT_EQ(trees.removes(), std::vector<std::uint16_t>{c.tree_id});
 }
 

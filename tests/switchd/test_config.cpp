@@ -596,3 +596,28 @@ TEST(Addresses, ParseMac) {
   EXPECT_EQ(format_mac(m.data()), "02:ab:0c:d0:00:ff");
   EXPECT_EQ(parse_mac(format_mac(m.data())), m);
 }
+
+// A switch with a manager needs certificates or an explicit insecure (docs/deploy.md, "TLS"):
+// one sentence otherwise. `--insecure` alone is `--insecure true`; both at once is refused.
+TEST_F(ConfigArgs, ManagerNeedsCertificatesOrInsecure) {
+  const std::string plain = write("plain.yaml", kSwitch + "manager: 127.0.0.1:9300\n");
+  EXPECT_EQ(refused({"--config", plain.c_str()}),
+            "no TLS certificates: give tls_ca, tls_cert and tls_key (docs/deploy.md, \"TLS\"), "
+            "or insecure: true to run without authentication in a lab or test.");
+  EXPECT_EQ(refused({"--config", plain.c_str(), "--tls-ca", "/ca.pem"}),
+            "give all of tls_ca, tls_cert and tls_key (a CA, a certificate and its key).");
+  EXPECT_EQ(refused({"--config", plain.c_str(), "--insecure", "--tls-ca", "/a", "--tls-cert", "/b",
+                     "--tls-key", "/c"}),
+            "both certificates and insecure: true are given; choose one.");
+  ConfigResult r = args({"--config", plain.c_str(), "--insecure"});
+  ASSERT_TRUE(r.config.has_value()) << r.error;
+  EXPECT_TRUE(r.config->insecure);
+  r = args({"--config", plain.c_str(), "--tls-ca", "/a", "--tls-cert", "/b", "--tls-key", "/c"});
+  ASSERT_TRUE(r.config.has_value()) << r.error;
+  EXPECT_EQ(r.config->tls_cert, "/b");
+  // A static switch whose agent serves beyond loopback needs them too.
+  const std::string open = write("open.yaml", kSwitch + "agent_listen: 0.0.0.0:9471\n");
+  EXPECT_NE(refused({"--config", open.c_str()}).find("no TLS certificates"), std::string::npos);
+  const std::string local = write("local.yaml", kSwitch);
+  EXPECT_TRUE(args({"--config", local.c_str()}).config.has_value());
+}

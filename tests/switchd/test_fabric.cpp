@@ -191,6 +191,7 @@ class TestFabric {
         return false;
       }
       const pb::Assignment& a = rep[h].assignment();
+      credentials_[job] = a.credential();
       ranks_.push_back({a.leaf_address(), a.tree_id(), a.job_key(), a.child_index(), a.slots(),
                         a.payload_bytes()});
     }
@@ -223,6 +224,7 @@ class TestFabric {
       pb::LeaveRequest req;
       req.set_job(job);
       req.set_rank(h);
+      req.set_credential(credentials_[job]);
       pb::LeaveReply rep;
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -231,6 +233,7 @@ class TestFabric {
   }
 
   std::uint32_t tree_id() const { return ranks_.at(0).tree; }
+  std::map<std::string, std::string> credentials_;  ///< each joined job's, from Join
   Proc& switch_proc(std::size_t i) { return *fab_.switches().at(i); }
   Fabric& fabric() { return fab_; }
 

@@ -103,7 +103,9 @@ typedef struct tdr_options {
   const char* job;            /**< job name, the same on every rank */
   uint32_t rank;              /**< 0 .. world_size-1 */
   uint32_t world_size;        /**< ranks in the job */
-  const char* manager;        /**< "host:port" of the Aggregation Manager; NULL: none */
+  const char* manager;        /**< "host:port" of the Aggregation Manager; NULL: none. Its TLS
+                                   files come from TREEDUCE_TLS_CA/CERT/KEY, or TREEDUCE_INSECURE=1
+                                   (docs/host.md, "Security") */
   const char* host;           /**< this host's name or data IPv4 address in the topology */
   const char* bind_address;   /**< local IPv4 of the UDP transport; NULL: from host */
   uint16_t port;              /**< UDP port for results; 0: 29000 + rank % 1000 */

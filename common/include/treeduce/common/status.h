@@ -36,6 +36,8 @@ enum class Code : int {
   unimplemented = 12,
   internal = 13,
   unavailable = 14,
+  data_loss = 15,
+  unauthenticated = 16,  ///< the call carries no credential (gRPC's UNAUTHENTICATED)
 };
 
 /// Lower-case name of a code ("resource_exhausted").
@@ -70,6 +72,7 @@ inline Status unavailable(std::string m) { return {Code::unavailable, std::move(
 inline Status internal_error(std::string m) { return {Code::internal, std::move(m)}; }
 inline Status deadline_exceeded(std::string m) { return {Code::deadline_exceeded, std::move(m)}; }
 inline Status permission_denied(std::string m) { return {Code::permission_denied, std::move(m)}; }
+inline Status unauthenticated(std::string m) { return {Code::unauthenticated, std::move(m)}; }
 inline Status unimplemented(std::string m) { return {Code::unimplemented, std::move(m)}; }
 
 /// A value or the Status that explains its absence (absl::StatusOr-like).

@@ -115,6 +115,7 @@ struct RankAssignment {
   std::uint32_t depth = 0;
   std::uint64_t lease_ms = 0;
   std::vector<SwitchCaps> switches;  ///< the tree's switches, root first
+  std::string credential;            ///< the job's credential (JobRegistry::check_credential)
 };
 
 enum class JobState : std::uint8_t { gathering = 1, running = 2, refused = 3, failed = 4 };
@@ -167,6 +168,13 @@ class JobRegistry {
 
   /// Joins and waits up to `wait_ms` for the assignment (see JobService.Join in the .proto).
   Result<RankAssignment> join(const JoinArgs& a, std::uint64_t wait_ms);
+  /// The job's credential: a random secret made at its first join, kept with the job (and in
+  /// the store), that its ranks show for heartbeat, leave and queries. "" for an unknown job.
+  std::string credential_of(const std::string& job) const;
+  /// Ok when `credential` is job's. not_found for an unknown job, unauthenticated for an empty
+  /// credential, permission_denied for another; the sentence names `call` and the job.
+  Status check_credential(const std::string& job, const std::string& credential,
+                          const std::string& call) const;
   /// Renews a lease. not_found when the rank is not in the job.
   Result<JobView> heartbeat(const std::string& job, std::uint32_t rank);
   /// A rank leaves; the last one out ends the job and removes its tree.
@@ -231,6 +239,7 @@ class JobRegistry {
     std::map<std::uint32_t, Rank> ranks;
     std::optional<Allocation> tree;
     std::uint64_t key = 0;
+    std::string credential;  ///< see credential_of()
     /// A rank reported it cannot start (abort()): every join gets `refusal` until hold_until.
     bool aborted = false;
     std::optional<std::uint32_t> aborted_rank;

@@ -95,7 +95,11 @@ struct Options {
   std::string job;         ///< job name, the same on every rank
   std::uint32_t rank = 0;  ///< 0 .. world_size-1
   std::uint32_t world_size = 1;
-  std::string manager;       ///< "host:port" of the Aggregation Manager; "" = none
+  std::string manager;  ///< "host:port" of the Aggregation Manager; "" = none
+  /// Mutual TLS with the manager (docs/host.md, "Security"): PEM files of the CA, this job's
+  /// certificate and its key. A manager needs all three, or `insecure` (no TLS: labs and tests).
+  std::string tls_ca, tls_cert, tls_key;
+  bool insecure = false;
   std::string host;          ///< this host's name or data IPv4 address in the topology
   std::string bind_address;  ///< local IPv4 for the UDP transport; "" = from `host` if IPv4
   std::uint16_t port = 0;    ///< UDP port for RESULTs; 0 = 29000 + rank % 1000 (below the
@@ -126,7 +130,8 @@ struct Options {
   TransportOptions transport;
 };
 
-/// Reads TREEDUCE_MANAGER, TREEDUCE_JOB, TREEDUCE_RANK, TREEDUCE_WORLD_SIZE, TREEDUCE_HOST,
+/// Reads TREEDUCE_MANAGER, TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY,
+/// TREEDUCE_INSECURE (0 or 1), TREEDUCE_JOB, TREEDUCE_RANK, TREEDUCE_WORLD_SIZE, TREEDUCE_HOST,
 /// TREEDUCE_BIND (bind_address), TREEDUCE_PORT, TREEDUCE_SLOTS, TREEDUCE_PAYLOAD_BYTES,
 /// TREEDUCE_RTO_US, TREEDUCE_PATH (auto|network|host),
 /// TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, the transport's variables

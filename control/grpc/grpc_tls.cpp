@@ -1,0 +1,94 @@
+#include "grpc_tls.h"
+
+#include <grpc/grpc_security_constants.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace treeduce::tls {
+namespace {
+
+bool read_file(const std::string& path, const char* what, std::string* out, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  if (in) ss << in.rdbuf();
+  if (!in || ss.str().empty()) {
+    if (error) *error = "cannot read the TLS " + std::string(what) + " file " + path + ".";
+    return false;
+  }
+  *out = ss.str();
+  return true;
+}
+
+struct Pems {
+  std::string ca, cert, key;
+};
+
+bool load(const TlsOptions& o, Pems* p, std::string* error) {
+  return read_file(o.ca, "CA certificate", &p->ca, error) &&
+         read_file(o.cert, "certificate", &p->cert, error) &&
+         read_file(o.key, "private key", &p->key, error);
+}
+
+}  // namespace
+
+std::string check(const TlsOptions& o, const std::string& how_files,
+                  const std::string& how_insecure) {
+  const bool any = !o.ca.empty() || !o.cert.empty() || !o.key.empty();
+  if (o.insecure && any) return "both certificates and " + how_insecure + " are given; choose one.";
+  if (o.insecure || o.secure()) return "";
+  if (any) return "give all of " + how_files + " (a CA, a certificate and its key).";
+  return "no TLS certificates: give " + how_files + " (docs/deploy.md, \"TLS\"), or " +
+         how_insecure + " to run without authentication in a lab or test.";
+}
+
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsOptions& o,
+                                                            std::string* error) {
+  if (!o.secure()) return grpc::InsecureServerCredentials();
+  Pems p;
+  if (!load(o, &p, error)) return nullptr;
+  grpc::SslServerCredentialsOptions opt(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  opt.pem_root_certs = p.ca;
+  opt.pem_key_cert_pairs.push_back({p.key, p.cert});
+  return grpc::SslServerCredentials(opt);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TlsOptions& o,
+                                                              std::string* error) {
+  if (!o.secure()) return grpc::InsecureChannelCredentials();
+  Pems p;
+  if (!load(o, &p, error)) return nullptr;
+  grpc::SslCredentialsOptions opt;
+  opt.pem_root_certs = p.ca;
+  opt.pem_private_key = p.key;
+  opt.pem_cert_chain = p.cert;
+  return grpc::SslCredentials(opt);
+}
+
+std::string peer_name(const grpc::ServerContext& ctx) {
+  const auto auth = ctx.auth_context();
+  if (!auth) return "";
+  const auto v = auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+  return v.empty() ? std::string() : std::string(v.front().data(), v.front().size());
+}
+
+bool peer_authenticated(const grpc::ServerContext& ctx) {
+  const auto auth = ctx.auth_context();
+  return auth && auth->IsPeerAuthenticated();
+}
+
+TlsOptions from_environment() {
+  const auto get = [](const char* n) {
+    const char* v = std::getenv(n);
+    return v ? std::string(v) : std::string();
+  };
+  TlsOptions o;
+  o.ca = get("TREEDUCE_TLS_CA");
+  o.cert = get("TREEDUCE_TLS_CERT");
+  o.key = get("TREEDUCE_TLS_KEY");
+  o.insecure = get("TREEDUCE_INSECURE") == "1";
+  return o;
+}
+
+}  // namespace treeduce::tls
