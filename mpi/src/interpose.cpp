@@ -9,7 +9,9 @@
 // and every offloaded operation's outcome are agreed with a PMPI_Allreduce (MIN of an ok flag) on
 // a private duplicate of the communicator, so that a failure on one rank makes every rank redo
 // the operation through PMPI from the same inputs and pass the communicator through from then on.
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -38,6 +40,10 @@ struct Counters {
 };
 
 struct CommState;
+
+// treeduce's types (tdr_f32 .. tdr_i32_i32) and operations (tdr_sum .. tdr_maxloc).
+constexpr int kTdrDtypes = static_cast<int>(tdr_i32_i32) + 1;
+constexpr int kTdrOps = static_cast<int>(tdr_maxloc) + 1;
 
 // An offloaded MPI_Iallreduce: a generalized request that the interposer's progress thread
 // completes once its in-network operation and every rank's agreement on it are done (and, after a
@@ -73,8 +79,8 @@ struct CommState {
   MPI_Comm shadow = MPI_COMM_NULL;  // a duplicate for agreements and redos
   int port_slot = -1;
   std::string job;
-  bool had_job = false;            // joined its job at some point (the counters name it)
-  bool offloads[17][12] = {};      // tdr_offloads() at join, so that decisions never change later
+  bool had_job = false;                     // joined its job at some point (the counters name it)
+  bool offloads[kTdrDtypes][kTdrOps] = {};  // tdr_offloads() at join: decisions never change later
   std::deque<PendingOp*> pending;  // offloaded Iallreduces in start order (under Global::mu)
   // The progress thread's news of a failed MPI_Iallreduce (under Global::mu): it becomes the
   // communicator's pass-through at the next drain, where every rank knows the same agreements.
@@ -84,6 +90,9 @@ struct CommState {
 };
 
 constexpr int kPortSlots = 16;
+// A communicator's UDP port: TREEDUCE_PORT (or this) + kPortSlots x the process's local rank on
+// its host + its slot, so that no two processes of a host share one however many ranks it has.
+constexpr std::uint32_t kDefaultPortBase = 29000;
 
 struct Global {
   bool active = false;  // MPI_Init went through us and the interposer is set up
@@ -92,7 +101,9 @@ struct Global {
   int keyval = MPI_KEYVAL_INVALID;
   int world_rank = 0;
   std::string job_base;
-  std::uint32_t port_base = 29000;
+  std::uint32_t port_base = kDefaultPortBase;
+  std::string port_error;  // TREEDUCE_PORT is malformed: every communicator passes through
+  int local_rank = 0;      // among the processes of this host (MPI_COMM_TYPE_SHARED)
   std::atomic<int> join_counter{0};
   // Set when a join could not reach the manager or the network: later communicators do not wait
   // for their join timeout again (every rank of them agrees before anyone tries).
@@ -104,8 +115,13 @@ struct Global {
   std::condition_variable cv;    // an operation was queued (the thread) or completed (drains)
   bool thread_multiple = false;  // MPI provides MPI_THREAD_MULTIPLE: the progress thread may run
   std::thread progress;
-  bool stopping = false;  // under mu
+  bool stopping = false;    // under mu
+  bool queued = false;      // under mu: an operation was queued since the thread last looked
+  std::string freed_stats;  // under mu: the counters of freed communicators (stats_text)
 };
+
+// How long the progress thread waits between polls of operations that are not done.
+constexpr std::chrono::microseconds kPollInterval{50};
 
 Global& g() {
   static Global* glob = new Global;  // never destroyed: attribute callbacks may run at exit
@@ -122,9 +138,16 @@ void warn(const CommState* s, const std::string& what) {
 
 void leave(CommState* s);
 
+void forget(CommState* s);
+
+// The communicator is freed (MPI_Comm_free, or MPI_Finalize for the predefined ones): its job is
+// left and its state goes.
 int delete_attr(MPI_Comm, int, void* attr, void*) {
   auto* s = static_cast<CommState*>(attr);
-  if (s != nullptr) leave(s);
+  if (s != nullptr) {
+    leave(s);
+    forget(s);
+  }
   return MPI_SUCCESS;
 }
 
@@ -167,7 +190,22 @@ CommState* state_of(MPI_Comm comm) {
   return new_state(comm, label);
 }
 
+// Leaves the communicator's treeduce job, if it has one, and gives its port slot back. Only when
+// none of its operations is pending (the progress thread no longer uses its tdr).
+void release_job(CommState* s) {
+  if (s->tdr != nullptr) tdr_comm_destroy(s->tdr);
+  s->tdr = nullptr;
+  if (s->port_slot >= 0) {
+    std::lock_guard lk(g().mu);
+    g().port_used[s->port_slot] = false;
+    s->port_slot = -1;
+  }
+}
+
+// From now on every collective of the communicator passes through; its job is left at once (a
+// failed communicator keeps neither its job nor its port). Called with nothing pending on it.
 void go_passthrough(CommState* s, const std::string& why, bool say) {
+  release_job(s);
   s->state = JoinState::passthrough;
   s->why_passthrough = why;
   if (say) warn(s, "every collective passes through to MPI from now on: " + why);
@@ -227,7 +265,17 @@ void join(CommState* s, MPI_Comm comm) {
       }
     }
   }
-  if (s->port_slot < 0) {
+  const std::uint32_t port = g().port_base +
+                             static_cast<std::uint32_t>(g().local_rank) * kPortSlots +
+                             static_cast<std::uint32_t>(s->port_slot);
+  if (!g().port_error.empty()) {
+    local_why = g().port_error;
+  } else if (s->port_slot >= 0 && port > 65535) {
+    local_why = "its UDP port would be " + std::to_string(port) + " (TREEDUCE_PORT " +
+                std::to_string(g().port_base) + " + " + std::to_string(kPortSlots) +
+                " x local rank " + std::to_string(g().local_rank) +
+                " + slot), above 65535: lower TREEDUCE_PORT";
+  } else if (s->port_slot < 0) {
     local_why = "this process already has " + std::to_string(kPortSlots) +
                 " communicators in treeduce jobs (free one)";
   } else if (g().job_base.empty()) {
@@ -246,9 +294,7 @@ void join(CommState* s, MPI_Comm comm) {
   int ok = local_why.empty() ? 1 : 0;
   PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s->shadow);
   if (ok != 0) {
-    const auto port = static_cast<std::uint16_t>(g().port_base +
-                                                 (g().world_rank % 64) * kPortSlots + s->port_slot);
-    const tdr_result_t r = create_tdr(s, port, &s->tdr);
+    const tdr_result_t r = create_tdr(s, static_cast<std::uint16_t>(port), &s->tdr);
     if (r != tdr_ok) {
       local_why =
           std::string("joining treeduce job '") + s->job + "' failed: " + tdr_last_error(nullptr);
@@ -264,13 +310,6 @@ void join(CommState* s, MPI_Comm comm) {
     PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s->shadow);
   }
   if (ok == 0) {
-    if (s->tdr != nullptr) tdr_comm_destroy(s->tdr);
-    s->tdr = nullptr;
-    if (s->port_slot >= 0) {  // the port goes back at once: this communicator never uses it
-      std::lock_guard lk(g().mu);
-      g().port_used[s->port_slot] = false;
-      s->port_slot = -1;
-    }
     go_passthrough(s,
                    local_why.empty() ? "another rank could not join its treeduce job '" + s->job +
                                            "' (its warning says why)"
@@ -278,8 +317,8 @@ void join(CommState* s, MPI_Comm comm) {
                    true);
     return;
   }
-  for (int d = 0; d < 17; ++d) {
-    for (int o = 0; o < 12; ++o) {
+  for (int d = 0; d < kTdrDtypes; ++d) {
+    for (int o = 0; o < kTdrOps; ++o) {
       s->offloads[d][o] =
           tdr_offloads(s->tdr, static_cast<tdr_dtype_t>(d), static_cast<tdr_op_t>(o)) != 0;
     }
@@ -292,6 +331,14 @@ void join(CommState* s, MPI_Comm comm) {
 // Decisions
 
 std::string bytes_str(std::uint64_t b) { return std::to_string(b) + " bytes"; }
+
+// The bytes `count` elements of a predefined datatype span in memory: by its extent, not its
+// size (MPI_DOUBLE_INT holds 12 bytes of data in 16), for the copy of an in-place buffer.
+std::size_t span_bytes(MPI_Datatype dtype, int count) {
+  MPI_Aint lb = 0, extent = 0;
+  PMPI_Type_get_extent(dtype, &lb, &extent);
+  return static_cast<std::size_t>(count) * static_cast<std::size_t>(extent);
+}
 
 // The reason a call passes through, or nullopt when it is offloaded (then *d and *o are set;
 // the communicator is joined). Everything it looks at is the same on every rank.
@@ -318,12 +365,14 @@ std::optional<std::string> decide(CommState* s, MPI_Comm comm, MPI_Datatype dtyp
     int size = 0;
     PMPI_Type_size(dtype, &size);
     *bytes = static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(size);
-  } else if (dtype != MPI_DATATYPE_NULL) {  // broadcast: any contiguous predefined type, as bytes
-    const std::size_t e = bcast_element_bytes(dtype);
-    if (e == 0) return dtype_name(dtype) + " is not a contiguous predefined datatype";
+  } else if (dtype != MPI_DATATYPE_NULL) {
+    // A broadcast moves bytes: count x the type's size, which the type signatures (the same on
+    // every rank, as MPI requires) fix, whatever datatype each rank describes its buffer with.
+    int size = 0;
+    PMPI_Type_size(dtype, &size);
     *d = tdr_u8;
     *o = tdr_sum;
-    *bytes = static_cast<std::uint64_t>(count) * e;
+    *bytes = static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(size);
   }
   if (cfg.mode != Mode::force) {
     if (static_cast<std::uint32_t>(s->size) < cfg.min_ranks) {
@@ -340,6 +389,12 @@ std::optional<std::string> decide(CommState* s, MPI_Comm comm, MPI_Datatype dtyp
   if (reduction && count == 0) return std::string("no elements");
   if (s->state == JoinState::unjoined) join(s, comm);
   if (s->state != JoinState::joined) return s->why_passthrough;
+  if (!reduction && !s->offloads[tdr_i32][tdr_sum]) {
+    // libtreeduce's broadcast and barrier are int32 sums in the network.
+    return std::string(
+        "the tree does not reduce i32 sum, which MPI_Bcast and MPI_Barrier are in "
+        "the network");
+  }
   if (reduction && !s->offloads[*d][*o]) {
     return std::string("the tree does not reduce ") + tdr_dtype_name(*d) + " " + tdr_op_name(*o) +
            " (" + dtype_name(dtype) + " " + op_name(op) + ")";
@@ -395,13 +450,13 @@ int free_fn(void* extra) {
 int cancel_fn(void*, int) { return MPI_SUCCESS; }  // an in-network operation cannot be cancelled
 
 // One step of `p`, the oldest pending operation of its communicator: true when it is done.
-// `wait`: block in tdr_wait while its in-network operation runs (bounded by libtreeduce's
-// timeouts, and needing nothing more of any rank: every rank started it).
-bool step(PendingOp* p, bool wait) {
+// Never blocks: a request waiting for the other ranks must not hold back another communicator's,
+// which those ranks may be waiting for first (legal MPI).
+bool step(PendingOp* p) {
   CommState* s = p->comm;
   if (p->stage == PendingOp::Stage::running) {
     if (p->started) {
-      const tdr_result_t r = wait ? tdr_wait(s->tdr, p->req) : tdr_test(s->tdr, p->req);
+      const tdr_result_t r = tdr_test(s->tdr, p->req);
       if (r == tdr_in_progress) return false;
       p->ok = r == tdr_ok ? 1 : 0;
       if (r != tdr_ok) {
@@ -453,12 +508,9 @@ void progress_loop() {
       }
       if (fronts.empty()) return;  // stopping, and nothing is pending
     }
-    // With one operation pending, in the network, the thread sleeps in tdr_wait rather than
-    // polling: ranks, libtreeduce's threads and a software switch may share few CPUs.
-    const bool wait = fronts.size() == 1 && fronts[0]->stage == PendingOp::Stage::running;
     bool moved = false;
     for (PendingOp* p : fronts) {
-      if (!step(p, wait)) continue;
+      if (!step(p)) continue;
       moved = true;
       {
         std::lock_guard lk(gl.mu);
@@ -467,9 +519,15 @@ void progress_loop() {
       gl.cv.notify_all();
       PMPI_Grequest_complete(p->greq);  // p is the user's request's now: not touched again
     }
-    // Nothing finished: an agreement or a redo waits for the other ranks' threads, or several
-    // communicators' operations are in the network. A short sleep keeps this thread off the CPUs.
-    if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Nothing finished: operations are in the network, or an agreement or a redo waits for the
+    // other ranks' threads. The thread polls every kPollInterval (woken at once by a new
+    // operation), never blocking in tdr_wait: ranks, libtreeduce's threads and a software switch
+    // may share few CPUs, and every pending operation must move on.
+    if (!moved) {
+      std::unique_lock lk(gl.mu);
+      gl.cv.wait_for(lk, kPollInterval, [&] { return gl.stopping || gl.queued; });
+      gl.queued = false;
+    }
   }
 }
 
@@ -504,45 +562,63 @@ void leave(CommState* s) {
   if (s->finished) return;
   drain(s);
   s->finished = true;
-  if (s->tdr != nullptr) tdr_comm_destroy(s->tdr);
-  s->tdr = nullptr;
+  release_job(s);
   if (s->shadow != MPI_COMM_NULL) PMPI_Comm_free(&s->shadow);
-  if (s->port_slot >= 0) {
-    std::lock_guard lk(g().mu);
-    g().port_used[s->port_slot] = false;
+}
+
+// The counters of one communicator as printed at MPI_Finalize ("" when nothing was counted, or
+// on a rank other than its rank 0: the counters are the same on every rank, rank 0 prints them).
+std::string stats_text(const CommState* s) {
+  if (s->rank != 0) return "";
+  std::uint64_t off = 0, passed = 0;
+  for (const auto& [k, v] : s->counters.offloaded) off += v;
+  for (const auto& [k, v] : s->counters.passed) passed += v;
+  if (off == 0 && passed == 0) return "";
+  std::string text = "treeduce-mpi: stats: " + s->label + " (" + std::to_string(s->size) +
+                     (s->size == 1 ? " rank" : " ranks") +
+                     (s->had_job ? ", treeduce job '" + s->job + "'" : "") + "): offloaded " +
+                     std::to_string(off);
+  std::string sep = " (";
+  for (const auto& [k, v] : s->counters.offloaded) {
+    text += sep + k + " " + std::to_string(v);
+    sep = ", ";
   }
+  if (off != 0) text += ")";
+  text += "; passed through " + std::to_string(passed) + "\n";
+  for (const auto& [k, v] : s->counters.passed) {
+    text += "treeduce-mpi: stats:   " + k.first + " " + std::to_string(v) + ": " + k.second + "\n";
+  }
+  return text;
+}
+
+// A freed communicator's state goes, its counters kept as text for MPI_Finalize.
+void forget(CommState* s) {
+  std::string text = g().cfg.stats ? stats_text(s) : std::string();
+  std::lock_guard lk(g().mu);
+  g().freed_stats += text;
+  std::erase_if(g().states, [&](const std::unique_ptr<CommState>& st) { return st.get() == s; });
 }
 
 void print_stats() {
-  for (const auto& st : g().states) {
-    const CommState* s = st.get();
-    if (s->rank != 0) continue;  // the counters are the same on every rank: rank 0 prints them
-    std::uint64_t off = 0, passed = 0;
-    for (const auto& [k, v] : s->counters.offloaded) off += v;
-    for (const auto& [k, v] : s->counters.passed) passed += v;
-    if (off == 0 && passed == 0) continue;
-    std::string head = "treeduce-mpi: stats: " + s->label + " (" + std::to_string(s->size) +
-                       (s->size == 1 ? " rank" : " ranks") +
-                       (s->had_job ? ", treeduce job '" + s->job + "'" : "") + "): offloaded " +
-                       std::to_string(off);
-    std::string sep = " (";
-    for (const auto& [k, v] : s->counters.offloaded) {
-      head += sep + k + " " + std::to_string(v);
-      sep = ", ";
-    }
-    if (off != 0) head += ")";
-    head += "; passed through " + std::to_string(passed);
-    std::fprintf(stderr, "%s\n", head.c_str());
-    for (const auto& [k, v] : s->counters.passed) {
-      std::fprintf(stderr, "treeduce-mpi: stats:   %s %llu: %s\n", k.first.c_str(),
-                   static_cast<unsigned long long>(v), k.second.c_str());
-    }
+  std::string text;
+  {
+    std::lock_guard lk(g().mu);
+    text = g().freed_stats;
+    for (const auto& st : g().states) text += stats_text(st.get());
   }
+  std::fputs(text.c_str(), stderr);
 }
 
+std::optional<std::string> env_lookup(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::optional<std::string>(v) : std::nullopt;
+}
+
+// Whether MPI_Init asks for MPI_THREAD_MULTIPLE: whenever the variables (the one parser's
+// reading) may offload anything. setup() says what is malformed.
 bool wants_progress_thread() {
-  const char* v = std::getenv("TREEDUCE_MPI");
-  return v == nullptr || std::strcmp(v, "off") != 0;
+  std::string error;
+  return parse_config(env_lookup, &error).mode != Mode::off;
 }
 
 // Sets the interposer up once MPI runs: the variables, agreed by every rank of MPI_COMM_WORLD.
@@ -551,12 +627,7 @@ void setup(int thread_level) {
   gl.thread_multiple = thread_level == MPI_THREAD_MULTIPLE;
   PMPI_Comm_rank(MPI_COMM_WORLD, &gl.world_rank);
   std::string error;
-  gl.cfg = parse_config(
-      [](const char* name) -> std::optional<std::string> {
-        const char* v = std::getenv(name);
-        return v != nullptr ? std::optional<std::string>(v) : std::nullopt;
-      },
-      &error);
+  gl.cfg = parse_config(env_lookup, &error);
   if (!error.empty()) {
     gl.off_reason = "a TREEDUCE_MPI variable is malformed (MPI_Init said which)";
     std::fprintf(stderr,
@@ -566,20 +637,42 @@ void setup(int thread_level) {
   }
   if (const char* j = std::getenv("TREEDUCE_JOB")) gl.job_base = j;
   if (const char* p = std::getenv("TREEDUCE_PORT")) {
-    const long v = std::strtol(p, nullptr, 10);
-    if (v > 0 && v + 64 * kPortSlots <= 65535) gl.port_base = static_cast<std::uint32_t>(v);
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(p, &end, 10);
+    if (*p < '0' || *p > '9' || *end != '\0' || errno != 0 || v < 1 || v > 65535) {
+      gl.port_error = std::string("TREEDUCE_PORT is '") + p +
+                      "'; it must be a UDP port from 1 to 65535 (the first of this host's "
+                      "communicators' ports)";
+    } else {
+      gl.port_base = static_cast<std::uint32_t>(v);
+    }
+  }
+  // The rank among this host's processes: the ports of a host's processes never collide.
+  MPI_Comm node = MPI_COMM_NULL;
+  if (PMPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    PMPI_Comm_rank(node, &gl.local_rank);
+    PMPI_Comm_free(&node);
+  } else {
+    gl.local_rank = gl.world_rank;
   }
   // Every rank must take the same decisions: the same mode and thresholds everywhere.
   // A malformed variable has been said by its rank; a mere difference is said by rank 0.
-  long long mine[5] = {
-      static_cast<long long>(gl.cfg.mode), gl.cfg.min_ranks,
+  // The last: whether MPI gave this rank MPI_THREAD_MULTIPLE, which MPI_Iallreduce's offload
+  // needs on every rank (the minimum decides).
+  long long mine[6] = {
+      static_cast<long long>(gl.cfg.mode),
+      gl.cfg.min_ranks,
       static_cast<long long>(gl.cfg.min_bytes),
       static_cast<long long>(gl.cfg.max_bytes == UINT64_MAX ? -1 : gl.cfg.max_bytes),
-      error.empty() ? 0 : 1};
-  long long lo[5], hi[5];
-  PMPI_Allreduce(mine, lo, 5, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  PMPI_Allreduce(mine, hi, 5, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-  if (std::memcmp(lo, hi, sizeof lo) != 0) {
+      error.empty() ? 0 : 1,
+      gl.thread_multiple ? 1 : 0};
+  long long lo[6], hi[6];
+  PMPI_Allreduce(mine, lo, 6, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  PMPI_Allreduce(mine, hi, 6, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  gl.thread_multiple = lo[5] != 0;
+  if (std::memcmp(lo, hi, 5 * sizeof lo[0]) != 0) {
     if (gl.world_rank == 0 && hi[4] == 0) {
       std::fprintf(stderr,
                    "treeduce-mpi: error: TREEDUCE_MPI, TREEDUCE_MPI_MIN_RANKS, "
@@ -702,7 +795,7 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
   std::vector<unsigned char> saved;
   if (in_place) {
     saved.assign(static_cast<unsigned char*>(recvbuf),
-                 static_cast<unsigned char*>(recvbuf) + bytes);
+                 static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
   }
   const tdr_result_t r = tdr_allreduce(s->tdr, in_place ? recvbuf : sendbuf, recvbuf,
                                        static_cast<std::size_t>(count), d, o);
@@ -735,7 +828,7 @@ int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datat
   std::vector<unsigned char> saved;
   if (in_place) {
     saved.assign(static_cast<unsigned char*>(recvbuf),
-                 static_cast<unsigned char*>(recvbuf) + bytes);
+                 static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
   }
   const tdr_result_t r =
       tdr_reduce(s->tdr, in_place ? recvbuf : sendbuf, s->rank == root ? recvbuf : nullptr,
@@ -756,11 +849,12 @@ int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
   tdr_op_t o{};
   std::uint64_t bytes = 0;
   std::optional<std::string> why;
+  int type_size = 0;
   if (root < 0 || root >= s->size)
     why = "the root is not a rank of it";
   else if (datatype == MPI_DATATYPE_NULL)
     why = "MPI_DATATYPE_NULL";
-  else if (count == 0)
+  else if (PMPI_Type_size(datatype, &type_size) != MPI_SUCCESS || count <= 0 || type_size <= 0)
     why = "no elements";
   else
     why = decide(s, comm, datatype, MPI_OP_NULL, count, false, &d, &o, &bytes);
@@ -768,9 +862,40 @@ int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
     count_passed(s, "MPI_Bcast", *why);
     return PMPI_Bcast(buffer, count, datatype, root, comm);
   }
-  // The root's buffer is only read (libtreeduce copies it), the others' rewritten by a redo.
-  const tdr_result_t r = tdr_broadcast(s->tdr, buffer, static_cast<std::size_t>(bytes), tdr_u8,
-                                       static_cast<std::uint32_t>(root));
+  // A contiguous predefined datatype goes as it lies; any other (a rank may describe the same
+  // bytes with a derived datatype while the others do not) is packed into MPI's contiguous form
+  // and unpacked, so that every rank takes the same path.
+  tdr_result_t r = tdr_ok;
+  if (bcast_element_bytes(datatype) != 0) {
+    // The root's buffer is only read (libtreeduce copies it), the others' rewritten by a redo.
+    r = tdr_broadcast(s->tdr, buffer, static_cast<std::size_t>(bytes), tdr_u8,
+                      static_cast<std::uint32_t>(root));
+  } else {
+    int packed_max = 0;
+    PMPI_Pack_size(count, datatype, s->shadow, &packed_max);
+    std::vector<unsigned char> packed(
+        std::max(static_cast<std::size_t>(packed_max), static_cast<std::size_t>(bytes)));
+    int position = 0;
+    if (s->rank == root) {
+      PMPI_Pack(buffer, count, datatype, packed.data(), static_cast<int>(packed.size()), &position,
+                s->shadow);
+    }
+    if (s->rank == root && static_cast<std::uint64_t>(position) != bytes) {
+      warn(s, "MPI_Pack of the MPI_Bcast buffer gave " + bytes_str(position) + ", not " +
+                  bytes_str(bytes));
+      r = tdr_internal;  // the other ranks' broadcast fails at its timeout: all redo it
+    } else {
+      r = tdr_broadcast(s->tdr, packed.data(), static_cast<std::size_t>(bytes), tdr_u8,
+                        static_cast<std::uint32_t>(root));
+    }
+    const bool all_ok = agree(s, r, "MPI_Bcast");
+    if (all_ok && s->rank != root) {
+      position = 0;
+      PMPI_Unpack(packed.data(), static_cast<int>(packed.size()), &position, buffer, count,
+                  datatype, s->shadow);
+    }
+    return all_ok ? MPI_SUCCESS : PMPI_Bcast(buffer, count, datatype, root, s->shadow);
+  }
   if (agree(s, r, "MPI_Bcast")) return MPI_SUCCESS;
   return PMPI_Bcast(buffer, count, datatype, root, s->shadow);
 }
@@ -800,7 +925,9 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   std::uint64_t bytes = 0;
   std::optional<std::string> why;
   if (!g().thread_multiple) {
-    why = "MPI gave no MPI_THREAD_MULTIPLE, which the interposer's progress thread needs";
+    why =
+        "MPI gave no MPI_THREAD_MULTIPLE on some rank, which the interposer's progress thread "
+        "needs";
   } else {
     why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes);
   }
@@ -818,7 +945,7 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   const bool in_place = sendbuf == MPI_IN_PLACE;
   if (in_place) {
     p->saved.assign(static_cast<unsigned char*>(recvbuf),
-                    static_cast<unsigned char*>(recvbuf) + bytes);
+                    static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
   }
   const tdr_result_t r = tdr_iallreduce(s->tdr, in_place ? recvbuf : sendbuf, recvbuf,
                                         static_cast<std::size_t>(count), d, o, &p->req);
@@ -839,6 +966,7 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   {
     std::lock_guard lk(g().mu);
     s->pending.push_back(p);
+    g().queued = true;
   }
   g().cv.notify_all();
   return MPI_SUCCESS;
