@@ -29,9 +29,18 @@
 
 #include "config.h"
 #include "mapping.h"
+#include "treeduce/host/communicator.h"
 
 namespace treeduce::mpi {
 namespace {
+
+// libtreeduce's C++ communicator: the C API has no way to make one from the environment but for
+// the variables this library gives per communicator (create_tdr). Its enums are the C API's
+// values (c_api.cpp pins that), so conversions are casts.
+using TdrComm = treeduce::host::Communicator;
+tdr_result_t to_c(treeduce::host::Result r) { return static_cast<tdr_result_t>(r); }
+treeduce::DType to_cpp(tdr_dtype_t d) { return static_cast<treeduce::DType>(d); }
+treeduce::ReduceOp to_cpp(tdr_op_t o) { return static_cast<treeduce::ReduceOp>(o); }
 
 // What the counters of one communicator hold, printed at MPI_Finalize with TREEDUCE_MPI_STATS=1.
 struct Counters {
@@ -52,7 +61,7 @@ struct PendingOp {
   enum class Stage : std::uint8_t { running, agreeing, redoing };
   CommState* comm = nullptr;
   MPI_Request greq = MPI_REQUEST_NULL;
-  tdr_request_t req = 0;
+  treeduce::host::Request req = 0;
   Stage stage = Stage::running;
   bool started = false;  // tdr_iallreduce started (else it failed at once: agree on the failure)
   int ok = 0;            // this rank's outcome, then (agreed) every rank's
@@ -74,8 +83,8 @@ struct CommState {
   int size = 0;
   bool inter = false;
   JoinState state = JoinState::unjoined;
-  std::string why_passthrough;  // once state is passthrough
-  tdr_comm_t* tdr = nullptr;
+  std::string why_passthrough;      // once state is passthrough
+  std::unique_ptr<TdrComm> tdr;     // its treeduce job's communicator, while joined
   MPI_Comm shadow = MPI_COMM_NULL;  // a duplicate for agreements and redos
   int port_slot = -1;
   std::string job;
@@ -193,8 +202,7 @@ CommState* state_of(MPI_Comm comm) {
 // Leaves the communicator's treeduce job, if it has one, and gives its port slot back. Only when
 // none of its operations is pending (the progress thread no longer uses its tdr).
 void release_job(CommState* s) {
-  if (s->tdr != nullptr) tdr_comm_destroy(s->tdr);
-  s->tdr = nullptr;
+  s->tdr.reset();
   if (s->port_slot >= 0) {
     std::lock_guard lk(g().mu);
     g().port_used[s->port_slot] = false;
@@ -211,35 +219,58 @@ void go_passthrough(CommState* s, const std::string& why, bool say) {
   if (say) warn(s, "every collective passes through to MPI from now on: " + why);
 }
 
-// Sets the variables libtreeduce reads for this communicator's job, creates it, and puts the
-// variables back: its one parser then reads the rest of TREEDUCE_* (manager, host, transport,
-// timeouts) exactly as for a program of its own.
-tdr_result_t create_tdr(const CommState* s, std::uint16_t port, tdr_comm_t** out) {
+// Reads libtreeduce's options with its one parser (manager, host, transport, timeouts: every
+// TREEDUCE_* exactly as for a program of its own), with this communicator's job, rank, size, port
+// and path set in the environment meanwhile, and joins the job. Only the reading holds the lock:
+// the join blocks until every rank joined, and threads joining other communicators (in another
+// order on other ranks) must not wait for it.
+std::unique_ptr<TdrComm> create_tdr(const CommState* s, std::uint16_t port, tdr_result_t* result,
+                                    std::string* error) {
   static std::mutex env_mu;
-  std::lock_guard lk(env_mu);
-  const std::pair<const char*, std::string> vars[] = {
-      {"TREEDUCE_JOB", s->job},
-      {"TREEDUCE_RANK", std::to_string(s->rank)},
-      {"TREEDUCE_WORLD_SIZE", std::to_string(s->size)},
-      {"TREEDUCE_PORT", std::to_string(port)},
-      {"TREEDUCE_PATH", "network"},
-  };
-  std::vector<std::optional<std::string>> old;
-  for (const auto& [name, value] : vars) {
-    const char* o = std::getenv(name);
-    old.push_back(o != nullptr ? std::optional<std::string>(o) : std::nullopt);
-    setenv(name, value.c_str(), 1);
+  treeduce::host::Options opt;
+  treeduce::host::Result r = treeduce::host::Result::ok;
+  {
+    std::lock_guard lk(env_mu);
+    const std::pair<const char*, std::string> vars[] = {
+        {"TREEDUCE_JOB", s->job},
+        {"TREEDUCE_RANK", std::to_string(s->rank)},
+        {"TREEDUCE_WORLD_SIZE", std::to_string(s->size)},
+        {"TREEDUCE_PORT", std::to_string(port)},
+        {"TREEDUCE_PATH", "network"},
+    };
+    std::vector<std::optional<std::string>> old;
+    for (const auto& [name, value] : vars) {
+      const char* o = std::getenv(name);
+      old.push_back(o != nullptr ? std::optional<std::string>(o) : std::nullopt);
+      setenv(name, value.c_str(), 1);
+    }
+    try {
+      r = treeduce::host::options_from_environment(&opt, error);
+    } catch (const std::exception& e) {
+      r = treeduce::host::Result::internal;
+      *error = e.what();
+    }
+    std::size_t i = 0;
+    for (const auto& [name, value] : vars) {
+      if (old[i])
+        setenv(name, old[i]->c_str(), 1);
+      else
+        unsetenv(name);
+      ++i;
+    }
   }
-  const tdr_result_t r = tdr_comm_create_from_env(out);
-  std::size_t i = 0;
-  for (const auto& [name, value] : vars) {
-    if (old[i])
-      setenv(name, old[i]->c_str(), 1);
-    else
-      unsetenv(name);
-    ++i;
+  std::unique_ptr<TdrComm> comm;
+  if (r == treeduce::host::Result::ok) {
+    try {
+      comm = TdrComm::create(opt, &r, error);
+    } catch (const std::exception& e) {
+      r = treeduce::host::Result::internal;
+      *error = e.what();
+    }
+    if (comm) r = treeduce::host::Result::ok;
   }
-  return r;
+  *result = to_c(r);
+  return comm;
 }
 
 std::string broken_join() {
@@ -294,17 +325,18 @@ void join(CommState* s, MPI_Comm comm) {
   int ok = local_why.empty() ? 1 : 0;
   PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s->shadow);
   if (ok != 0) {
-    const tdr_result_t r = create_tdr(s, static_cast<std::uint16_t>(port), &s->tdr);
+    tdr_result_t r = tdr_ok;
+    std::string error;
+    s->tdr = create_tdr(s, static_cast<std::uint16_t>(port), &r, &error);
     if (r != tdr_ok) {
-      local_why =
-          std::string("joining treeduce job '") + s->job + "' failed: " + tdr_last_error(nullptr);
+      local_why = std::string("joining treeduce job '") + s->job + "' failed: " + error;
       if (r == tdr_unavailable || r == tdr_timeout) {
         std::lock_guard lk(g().mu);
         g().join_broken = local_why;
       }
-    } else if (tdr_path(s->tdr) != tdr_path_network) {
+    } else if (s->tdr->path() != treeduce::host::Path::network) {
       local_why = std::string("treeduce job '") + s->job +
-                  "' has no network path: " + tdr_path_reason(s->tdr);
+                  "' has no network path: " + s->tdr->path_reason();
     }
     ok = local_why.empty() ? 1 : 0;
     PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s->shadow);
@@ -320,7 +352,7 @@ void join(CommState* s, MPI_Comm comm) {
   for (int d = 0; d < kTdrDtypes; ++d) {
     for (int o = 0; o < kTdrOps; ++o) {
       s->offloads[d][o] =
-          tdr_offloads(s->tdr, static_cast<tdr_dtype_t>(d), static_cast<tdr_op_t>(o)) != 0;
+          s->tdr->offloads(to_cpp(static_cast<tdr_dtype_t>(d)), to_cpp(static_cast<tdr_op_t>(o)));
     }
   }
   s->state = JoinState::joined;
@@ -419,7 +451,7 @@ bool agree(CommState* s, tdr_result_t r, const char* what) {
   }
   const std::string mine = r == tdr_ok
                                ? std::string("it succeeded here, failed on another rank")
-                               : std::string(tdr_result_string(r)) + ": " + tdr_last_error(s->tdr);
+                               : std::string(tdr_result_string(r)) + ": " + s->tdr->last_error();
   go_passthrough(
       s, std::string("the network path failed in ") + what + " (" + mine + "); redone through MPI",
       true);
@@ -456,12 +488,12 @@ bool step(PendingOp* p) {
   CommState* s = p->comm;
   if (p->stage == PendingOp::Stage::running) {
     if (p->started) {
-      const tdr_result_t r = tdr_test(s->tdr, p->req);
+      const tdr_result_t r = to_c(s->tdr->test(p->req));
       if (r == tdr_in_progress) return false;
       p->ok = r == tdr_ok ? 1 : 0;
       if (r != tdr_ok) {
         warn(s, std::string("MPI_Iallreduce failed on the network path here: ") +
-                    tdr_result_string(r) + ": " + tdr_last_error(s->tdr));
+                    tdr_result_string(r) + ": " + s->tdr->last_error());
       }
     }
     PMPI_Iallreduce(MPI_IN_PLACE, &p->ok, 1, MPI_INT, MPI_MIN, s->shadow, &p->mpi_req);
@@ -797,8 +829,9 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
     saved.assign(static_cast<unsigned char*>(recvbuf),
                  static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
   }
-  const tdr_result_t r = tdr_allreduce(s->tdr, in_place ? recvbuf : sendbuf, recvbuf,
-                                       static_cast<std::size_t>(count), d, o);
+  const tdr_result_t r =
+      to_c(s->tdr->allreduce(in_place ? recvbuf : sendbuf, recvbuf, static_cast<std::size_t>(count),
+                             to_cpp(d), to_cpp(o)));
   if (agree(s, r, kAllreduce)) return MPI_SUCCESS;
   if (in_place) {
     std::memcpy(recvbuf, saved.data(), saved.size());
@@ -830,9 +863,9 @@ int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datat
     saved.assign(static_cast<unsigned char*>(recvbuf),
                  static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
   }
-  const tdr_result_t r =
-      tdr_reduce(s->tdr, in_place ? recvbuf : sendbuf, s->rank == root ? recvbuf : nullptr,
-                 static_cast<std::size_t>(count), d, o, static_cast<std::uint32_t>(root));
+  const tdr_result_t r = to_c(s->tdr->reduce(
+      in_place ? recvbuf : sendbuf, s->rank == root ? recvbuf : nullptr,
+      static_cast<std::size_t>(count), to_cpp(d), to_cpp(o), static_cast<std::uint32_t>(root)));
   if (agree(s, r, "MPI_Reduce")) return MPI_SUCCESS;
   if (in_place) {
     std::memcpy(recvbuf, saved.data(), saved.size());
@@ -868,8 +901,8 @@ int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
   tdr_result_t r = tdr_ok;
   if (bcast_element_bytes(datatype) != 0) {
     // The root's buffer is only read (libtreeduce copies it), the others' rewritten by a redo.
-    r = tdr_broadcast(s->tdr, buffer, static_cast<std::size_t>(bytes), tdr_u8,
-                      static_cast<std::uint32_t>(root));
+    r = to_c(s->tdr->broadcast(buffer, static_cast<std::size_t>(bytes), treeduce::DType::u8,
+                               static_cast<std::uint32_t>(root)));
   } else {
     int packed_max = 0;
     PMPI_Pack_size(count, datatype, s->shadow, &packed_max);
@@ -885,8 +918,8 @@ int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
                   bytes_str(bytes));
       r = tdr_internal;  // the other ranks' broadcast fails at its timeout: all redo it
     } else {
-      r = tdr_broadcast(s->tdr, packed.data(), static_cast<std::size_t>(bytes), tdr_u8,
-                        static_cast<std::uint32_t>(root));
+      r = to_c(s->tdr->broadcast(packed.data(), static_cast<std::size_t>(bytes),
+                                 treeduce::DType::u8, static_cast<std::uint32_t>(root)));
     }
     const bool all_ok = agree(s, r, "MPI_Bcast");
     if (all_ok && s->rank != root) {
@@ -912,7 +945,7 @@ int MPI_Barrier(MPI_Comm comm) {
     return PMPI_Barrier(comm);
   }
   // The agreement is itself a barrier of every rank: a failed network barrier needs no redo.
-  agree(s, tdr_barrier(s->tdr), "MPI_Barrier");
+  agree(s, to_c(s->tdr->barrier()), "MPI_Barrier");
   return MPI_SUCCESS;
 }
 
@@ -947,17 +980,18 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
     p->saved.assign(static_cast<unsigned char*>(recvbuf),
                     static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
   }
-  const tdr_result_t r = tdr_iallreduce(s->tdr, in_place ? recvbuf : sendbuf, recvbuf,
-                                        static_cast<std::size_t>(count), d, o, &p->req);
+  const tdr_result_t r =
+      to_c(s->tdr->iallreduce(in_place ? recvbuf : sendbuf, recvbuf,
+                              static_cast<std::size_t>(count), to_cpp(d), to_cpp(o), &p->req));
   p->started = r == tdr_ok;
   p->ok = 0;
   if (r != tdr_ok) {
     warn(s, std::string("MPI_Iallreduce could not start on the network path here: ") +
-                tdr_last_error(s->tdr));
+                s->tdr->last_error());
   }
   const int rc = PMPI_Grequest_start(query_fn, free_fn, cancel_fn, p, request);
   if (rc != MPI_SUCCESS) {
-    if (p->started) tdr_wait(s->tdr, p->req);
+    if (p->started) s->tdr->wait(p->req);
     delete p;
     return rc;
   }
