@@ -668,7 +668,7 @@ void setup(int thread_level) {
                  gl.world_rank, error.c_str());
   }
   if (const char* j = std::getenv("TREEDUCE_JOB")) gl.job_base = j;
-  if (const char* p = std::getenv("TREEDUCE_PORT")) {
+  if (const char* p = std::getenv("TREEDUCE_PORT"); p != nullptr && *p != '\0') {
     char* end = nullptr;
     errno = 0;
     const long v = std::strtol(p, &end, 10);
