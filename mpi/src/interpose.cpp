@@ -129,8 +129,12 @@ struct Global {
   std::string freed_stats;  // under mu: the counters of freed communicators (stats_text)
 };
 
-// How long the progress thread waits between polls of operations that are not done.
-constexpr std::chrono::microseconds kPollInterval{50};
+// How long the progress thread waits between polls of operations that are not done: from
+// kPollFirst after something moved, doubling while nothing does, up to kPollMax. Ranks,
+// libtreeduce's threads and a software switch may share few CPUs: four threads polling every
+// 50 us starved the lab's switch into timeouts on a loaded 2-vCPU machine.
+constexpr std::chrono::microseconds kPollFirst{50};
+constexpr std::chrono::microseconds kPollMax{1000};
 
 Global& g() {
   static Global* glob = new Global;  // never destroyed: attribute callbacks may run at exit
@@ -524,6 +528,7 @@ bool step(PendingOp* p) {
 void progress_loop() {
   Global& gl = g();
   std::vector<PendingOp*> fronts;
+  std::chrono::microseconds interval = kPollFirst;
   for (;;) {
     fronts.clear();
     {
@@ -552,12 +557,17 @@ void progress_loop() {
       PMPI_Grequest_complete(p->greq);  // p is the user's request's now: not touched again
     }
     // Nothing finished: operations are in the network, or an agreement or a redo waits for the
-    // other ranks' threads. The thread polls every kPollInterval (woken at once by a new
-    // operation), never blocking in tdr_wait: ranks, libtreeduce's threads and a software switch
-    // may share few CPUs, and every pending operation must move on.
-    if (!moved) {
+    // other ranks' threads. The thread polls again after `interval` (at once for a new
+    // operation), never blocking in tdr_wait on one: every pending operation must move on.
+    if (moved) {
+      interval = kPollFirst;
+    } else {
       std::unique_lock lk(gl.mu);
-      gl.cv.wait_for(lk, kPollInterval, [&] { return gl.stopping || gl.queued; });
+      if (gl.cv.wait_for(lk, interval, [&] { return gl.stopping || gl.queued; })) {
+        interval = kPollFirst;
+      } else {
+        interval = std::min(interval * 2, kPollMax);
+      }
       gl.queued = false;
     }
   }
