@@ -46,7 +46,13 @@ const char* to_string(Mode m) {
   return "?";
 }
 
-Config parse_config(const Lookup& lookup, std::string* error) {
+Config parse_config(const Lookup& raw_lookup, std::string* error) {
+  // An empty value is the variable's default, as for libtreeduce's variables.
+  const auto lookup = [&](const char* name) -> std::optional<std::string> {
+    auto v = raw_lookup(name);
+    if (v && v->empty()) return std::nullopt;
+    return v;
+  };
   Config c;
   error->clear();
   auto fail = [&](std::string sentence) {
@@ -59,7 +65,7 @@ Config parse_config(const Lookup& lookup, std::string* error) {
   if (auto v = lookup("TREEDUCE_MPI_STATS")) {
     if (*v == "1")
       c.stats = true;
-    else if (*v == "0" || v->empty())
+    else if (*v == "0")
       c.stats = false;
     else
       return fail("TREEDUCE_MPI_STATS is '" + *v + "'; it must be 0 or 1.");
@@ -67,7 +73,7 @@ Config parse_config(const Lookup& lookup, std::string* error) {
   if (auto v = lookup("TREEDUCE_MPI")) {
     if (*v == "off")
       c.mode = Mode::off;
-    else if (*v == "on" || v->empty())
+    else if (*v == "on")
       c.mode = Mode::on;
     else if (*v == "force")
       c.mode = Mode::force;

@@ -9,7 +9,9 @@
 // and every offloaded operation's outcome are agreed with a PMPI_Allreduce (MIN of an ok flag) on
 // a private duplicate of the communicator, so that a failure on one rank makes every rank redo
 // the operation through PMPI from the same inputs and pass the communicator through from then on.
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -27,9 +29,18 @@
 
 #include "config.h"
 #include "mapping.h"
+#include "treeduce/host/communicator.h"
 
 namespace treeduce::mpi {
 namespace {
+
+// libtreeduce's C++ communicator: the C API has no way to make one from the environment but for
+// the variables this library gives per communicator (create_tdr). Its enums are the C API's
+// values (c_api.cpp pins that), so conversions are casts.
+using TdrComm = treeduce::host::Communicator;
+tdr_result_t to_c(treeduce::host::Result r) { return static_cast<tdr_result_t>(r); }
+treeduce::DType to_cpp(tdr_dtype_t d) { return static_cast<treeduce::DType>(d); }
+treeduce::ReduceOp to_cpp(tdr_op_t o) { return static_cast<treeduce::ReduceOp>(o); }
 
 // What the counters of one communicator hold, printed at MPI_Finalize with TREEDUCE_MPI_STATS=1.
 struct Counters {
@@ -39,6 +50,10 @@ struct Counters {
 
 struct CommState;
 
+// treeduce's types (tdr_f32 .. tdr_i32_i32) and operations (tdr_sum .. tdr_maxloc).
+constexpr int kTdrDtypes = static_cast<int>(tdr_i32_i32) + 1;
+constexpr int kTdrOps = static_cast<int>(tdr_maxloc) + 1;
+
 // An offloaded MPI_Iallreduce: a generalized request that the interposer's progress thread
 // completes once its in-network operation and every rank's agreement on it are done (and, after a
 // failure, its redo through PMPI).
@@ -46,7 +61,7 @@ struct PendingOp {
   enum class Stage : std::uint8_t { running, agreeing, redoing };
   CommState* comm = nullptr;
   MPI_Request greq = MPI_REQUEST_NULL;
-  tdr_request_t req = 0;
+  treeduce::host::Request req = 0;
   Stage stage = Stage::running;
   bool started = false;  // tdr_iallreduce started (else it failed at once: agree on the failure)
   int ok = 0;            // this rank's outcome, then (agreed) every rank's
@@ -68,13 +83,13 @@ struct CommState {
   int size = 0;
   bool inter = false;
   JoinState state = JoinState::unjoined;
-  std::string why_passthrough;  // once state is passthrough
-  tdr_comm_t* tdr = nullptr;
+  std::string why_passthrough;      // once state is passthrough
+  std::unique_ptr<TdrComm> tdr;     // its treeduce job's communicator, while joined
   MPI_Comm shadow = MPI_COMM_NULL;  // a duplicate for agreements and redos
   int port_slot = -1;
   std::string job;
-  bool had_job = false;            // joined its job at some point (the counters name it)
-  bool offloads[17][12] = {};      // tdr_offloads() at join, so that decisions never change later
+  bool had_job = false;                     // joined its job at some point (the counters name it)
+  bool offloads[kTdrDtypes][kTdrOps] = {};  // tdr_offloads() at join: decisions never change later
   std::deque<PendingOp*> pending;  // offloaded Iallreduces in start order (under Global::mu)
   // The progress thread's news of a failed MPI_Iallreduce (under Global::mu): it becomes the
   // communicator's pass-through at the next drain, where every rank knows the same agreements.
@@ -84,6 +99,9 @@ struct CommState {
 };
 
 constexpr int kPortSlots = 16;
+// A communicator's UDP port: TREEDUCE_PORT (or this) + kPortSlots x the process's local rank on
+// its host + its slot, so that no two processes of a host share one however many ranks it has.
+constexpr std::uint32_t kDefaultPortBase = 29000;
 
 struct Global {
   bool active = false;  // MPI_Init went through us and the interposer is set up
@@ -92,7 +110,9 @@ struct Global {
   int keyval = MPI_KEYVAL_INVALID;
   int world_rank = 0;
   std::string job_base;
-  std::uint32_t port_base = 29000;
+  std::uint32_t port_base = kDefaultPortBase;
+  std::string port_error;  // TREEDUCE_PORT is malformed: every communicator passes through
+  int local_rank = 0;      // among the processes of this host (MPI_COMM_TYPE_SHARED)
   std::atomic<int> join_counter{0};
   // Set when a join could not reach the manager or the network: later communicators do not wait
   // for their join timeout again (every rank of them agrees before anyone tries).
@@ -104,8 +124,17 @@ struct Global {
   std::condition_variable cv;    // an operation was queued (the thread) or completed (drains)
   bool thread_multiple = false;  // MPI provides MPI_THREAD_MULTIPLE: the progress thread may run
   std::thread progress;
-  bool stopping = false;  // under mu
+  bool stopping = false;    // under mu
+  bool queued = false;      // under mu: an operation was queued since the thread last looked
+  std::string freed_stats;  // under mu: the counters of freed communicators (stats_text)
 };
+
+// How long the progress thread waits between polls of operations that are not done: from
+// kPollFirst after something moved, doubling while nothing does, up to kPollMax. Ranks,
+// libtreeduce's threads and a software switch may share few CPUs: four threads polling every
+// 50 us starved the lab's switch into timeouts on a loaded 2-vCPU machine.
+constexpr std::chrono::microseconds kPollFirst{50};
+constexpr std::chrono::microseconds kPollMax{1000};
 
 Global& g() {
   static Global* glob = new Global;  // never destroyed: attribute callbacks may run at exit
@@ -122,9 +151,16 @@ void warn(const CommState* s, const std::string& what) {
 
 void leave(CommState* s);
 
+void forget(CommState* s);
+
+// The communicator is freed (MPI_Comm_free, or MPI_Finalize for the predefined ones): its job is
+// left and its state goes.
 int delete_attr(MPI_Comm, int, void* attr, void*) {
   auto* s = static_cast<CommState*>(attr);
-  if (s != nullptr) leave(s);
+  if (s != nullptr) {
+    leave(s);
+    forget(s);
+  }
   return MPI_SUCCESS;
 }
 
@@ -167,41 +203,78 @@ CommState* state_of(MPI_Comm comm) {
   return new_state(comm, label);
 }
 
+// Leaves the communicator's treeduce job, if it has one, and gives its port slot back. Only when
+// none of its operations is pending (the progress thread no longer uses its tdr).
+void release_job(CommState* s) {
+  s->tdr.reset();
+  if (s->port_slot >= 0) {
+    std::lock_guard lk(g().mu);
+    g().port_used[s->port_slot] = false;
+    s->port_slot = -1;
+  }
+}
+
+// From now on every collective of the communicator passes through; its job is left at once (a
+// failed communicator keeps neither its job nor its port). Called with nothing pending on it.
 void go_passthrough(CommState* s, const std::string& why, bool say) {
+  release_job(s);
   s->state = JoinState::passthrough;
   s->why_passthrough = why;
   if (say) warn(s, "every collective passes through to MPI from now on: " + why);
 }
 
-// Sets the variables libtreeduce reads for this communicator's job, creates it, and puts the
-// variables back: its one parser then reads the rest of TREEDUCE_* (manager, host, transport,
-// timeouts) exactly as for a program of its own.
-tdr_result_t create_tdr(const CommState* s, std::uint16_t port, tdr_comm_t** out) {
+// Reads libtreeduce's options with its one parser (manager, host, transport, timeouts: every
+// TREEDUCE_* exactly as for a program of its own), with this communicator's job, rank, size, port
+// and path set in the environment meanwhile, and joins the job. Only the reading holds the lock:
+// the join blocks until every rank joined, and threads joining other communicators (in another
+// order on other ranks) must not wait for it.
+std::unique_ptr<TdrComm> create_tdr(const CommState* s, std::uint16_t port, tdr_result_t* result,
+                                    std::string* error) {
   static std::mutex env_mu;
-  std::lock_guard lk(env_mu);
-  const std::pair<const char*, std::string> vars[] = {
-      {"TREEDUCE_JOB", s->job},
-      {"TREEDUCE_RANK", std::to_string(s->rank)},
-      {"TREEDUCE_WORLD_SIZE", std::to_string(s->size)},
-      {"TREEDUCE_PORT", std::to_string(port)},
-      {"TREEDUCE_PATH", "network"},
-  };
-  std::vector<std::optional<std::string>> old;
-  for (const auto& [name, value] : vars) {
-    const char* o = std::getenv(name);
-    old.push_back(o != nullptr ? std::optional<std::string>(o) : std::nullopt);
-    setenv(name, value.c_str(), 1);
+  treeduce::host::Options opt;
+  treeduce::host::Result r = treeduce::host::Result::ok;
+  {
+    std::lock_guard lk(env_mu);
+    const std::pair<const char*, std::string> vars[] = {
+        {"TREEDUCE_JOB", s->job},
+        {"TREEDUCE_RANK", std::to_string(s->rank)},
+        {"TREEDUCE_WORLD_SIZE", std::to_string(s->size)},
+        {"TREEDUCE_PORT", std::to_string(port)},
+        {"TREEDUCE_PATH", "network"},
+    };
+    std::vector<std::optional<std::string>> old;
+    for (const auto& [name, value] : vars) {
+      const char* o = std::getenv(name);
+      old.push_back(o != nullptr ? std::optional<std::string>(o) : std::nullopt);
+      setenv(name, value.c_str(), 1);
+    }
+    try {
+      r = treeduce::host::options_from_environment(&opt, error);
+    } catch (const std::exception& e) {
+      r = treeduce::host::Result::internal;
+      *error = e.what();
+    }
+    std::size_t i = 0;
+    for (const auto& [name, value] : vars) {
+      if (old[i])
+        setenv(name, old[i]->c_str(), 1);
+      else
+        unsetenv(name);
+      ++i;
+    }
   }
-  const tdr_result_t r = tdr_comm_create_from_env(out);
-  std::size_t i = 0;
-  for (const auto& [name, value] : vars) {
-    if (old[i])
-      setenv(name, old[i]->c_str(), 1);
-    else
-      unsetenv(name);
-    ++i;
+  std::unique_ptr<TdrComm> comm;
+  if (r == treeduce::host::Result::ok) {
+    try {
+      comm = TdrComm::create(opt, &r, error);
+    } catch (const std::exception& e) {
+      r = treeduce::host::Result::internal;
+      *error = e.what();
+    }
+    if (comm) r = treeduce::host::Result::ok;
   }
-  return r;
+  *result = to_c(r);
+  return comm;
 }
 
 std::string broken_join() {
@@ -227,7 +300,17 @@ void join(CommState* s, MPI_Comm comm) {
       }
     }
   }
-  if (s->port_slot < 0) {
+  const std::uint32_t port = g().port_base +
+                             static_cast<std::uint32_t>(g().local_rank) * kPortSlots +
+                             static_cast<std::uint32_t>(s->port_slot);
+  if (!g().port_error.empty()) {
+    local_why = g().port_error;
+  } else if (s->port_slot >= 0 && port > 65535) {
+    local_why = "its UDP port would be " + std::to_string(port) + " (TREEDUCE_PORT " +
+                std::to_string(g().port_base) + " + " + std::to_string(kPortSlots) +
+                " x local rank " + std::to_string(g().local_rank) +
+                " + slot), above 65535: lower TREEDUCE_PORT";
+  } else if (s->port_slot < 0) {
     local_why = "this process already has " + std::to_string(kPortSlots) +
                 " communicators in treeduce jobs (free one)";
   } else if (g().job_base.empty()) {
@@ -246,31 +329,23 @@ void join(CommState* s, MPI_Comm comm) {
   int ok = local_why.empty() ? 1 : 0;
   PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s->shadow);
   if (ok != 0) {
-    const auto port = static_cast<std::uint16_t>(g().port_base +
-                                                 (g().world_rank % 64) * kPortSlots + s->port_slot);
-    const tdr_result_t r = create_tdr(s, port, &s->tdr);
+    tdr_result_t r = tdr_ok;
+    std::string error;
+    s->tdr = create_tdr(s, static_cast<std::uint16_t>(port), &r, &error);
     if (r != tdr_ok) {
-      local_why =
-          std::string("joining treeduce job '") + s->job + "' failed: " + tdr_last_error(nullptr);
+      local_why = std::string("joining treeduce job '") + s->job + "' failed: " + error;
       if (r == tdr_unavailable || r == tdr_timeout) {
         std::lock_guard lk(g().mu);
         g().join_broken = local_why;
       }
-    } else if (tdr_path(s->tdr) != tdr_path_network) {
+    } else if (s->tdr->path() != treeduce::host::Path::network) {
       local_why = std::string("treeduce job '") + s->job +
-                  "' has no network path: " + tdr_path_reason(s->tdr);
+                  "' has no network path: " + s->tdr->path_reason();
     }
     ok = local_why.empty() ? 1 : 0;
     PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s->shadow);
   }
   if (ok == 0) {
-    if (s->tdr != nullptr) tdr_comm_destroy(s->tdr);
-    s->tdr = nullptr;
-    if (s->port_slot >= 0) {  // the port goes back at once: this communicator never uses it
-      std::lock_guard lk(g().mu);
-      g().port_used[s->port_slot] = false;
-      s->port_slot = -1;
-    }
     go_passthrough(s,
                    local_why.empty() ? "another rank could not join its treeduce job '" + s->job +
                                            "' (its warning says why)"
@@ -278,10 +353,10 @@ void join(CommState* s, MPI_Comm comm) {
                    true);
     return;
   }
-  for (int d = 0; d < 17; ++d) {
-    for (int o = 0; o < 12; ++o) {
+  for (int d = 0; d < kTdrDtypes; ++d) {
+    for (int o = 0; o < kTdrOps; ++o) {
       s->offloads[d][o] =
-          tdr_offloads(s->tdr, static_cast<tdr_dtype_t>(d), static_cast<tdr_op_t>(o)) != 0;
+          s->tdr->offloads(to_cpp(static_cast<tdr_dtype_t>(d)), to_cpp(static_cast<tdr_op_t>(o)));
     }
   }
   s->state = JoinState::joined;
@@ -292,6 +367,14 @@ void join(CommState* s, MPI_Comm comm) {
 // Decisions
 
 std::string bytes_str(std::uint64_t b) { return std::to_string(b) + " bytes"; }
+
+// The bytes `count` elements of a predefined datatype span in memory: by its extent, not its
+// size (MPI_DOUBLE_INT holds 12 bytes of data in 16), for the copy of an in-place buffer.
+std::size_t span_bytes(MPI_Datatype dtype, int count) {
+  MPI_Aint lb = 0, extent = 0;
+  PMPI_Type_get_extent(dtype, &lb, &extent);
+  return static_cast<std::size_t>(count) * static_cast<std::size_t>(extent);
+}
 
 // The reason a call passes through, or nullopt when it is offloaded (then *d and *o are set;
 // the communicator is joined). Everything it looks at is the same on every rank.
@@ -318,12 +401,14 @@ std::optional<std::string> decide(CommState* s, MPI_Comm comm, MPI_Datatype dtyp
     int size = 0;
     PMPI_Type_size(dtype, &size);
     *bytes = static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(size);
-  } else if (dtype != MPI_DATATYPE_NULL) {  // broadcast: any contiguous predefined type, as bytes
-    const std::size_t e = bcast_element_bytes(dtype);
-    if (e == 0) return dtype_name(dtype) + " is not a contiguous predefined datatype";
+  } else if (dtype != MPI_DATATYPE_NULL) {
+    // A broadcast moves bytes: count x the type's size, which the type signatures (the same on
+    // every rank, as MPI requires) fix, whatever datatype each rank describes its buffer with.
+    int size = 0;
+    PMPI_Type_size(dtype, &size);
     *d = tdr_u8;
     *o = tdr_sum;
-    *bytes = static_cast<std::uint64_t>(count) * e;
+    *bytes = static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(size);
   }
   if (cfg.mode != Mode::force) {
     if (static_cast<std::uint32_t>(s->size) < cfg.min_ranks) {
@@ -340,6 +425,12 @@ std::optional<std::string> decide(CommState* s, MPI_Comm comm, MPI_Datatype dtyp
   if (reduction && count == 0) return std::string("no elements");
   if (s->state == JoinState::unjoined) join(s, comm);
   if (s->state != JoinState::joined) return s->why_passthrough;
+  if (!reduction && !s->offloads[tdr_i32][tdr_sum]) {
+    // libtreeduce's broadcast and barrier are int32 sums in the network.
+    return std::string(
+        "the tree does not reduce i32 sum, which MPI_Bcast and MPI_Barrier are in "
+        "the network");
+  }
   if (reduction && !s->offloads[*d][*o]) {
     return std::string("the tree does not reduce ") + tdr_dtype_name(*d) + " " + tdr_op_name(*o) +
            " (" + dtype_name(dtype) + " " + op_name(op) + ")";
@@ -364,7 +455,7 @@ bool agree(CommState* s, tdr_result_t r, const char* what) {
   }
   const std::string mine = r == tdr_ok
                                ? std::string("it succeeded here, failed on another rank")
-                               : std::string(tdr_result_string(r)) + ": " + tdr_last_error(s->tdr);
+                               : std::string(tdr_result_string(r)) + ": " + s->tdr->last_error();
   go_passthrough(
       s, std::string("the network path failed in ") + what + " (" + mine + "); redone through MPI",
       true);
@@ -395,18 +486,18 @@ int free_fn(void* extra) {
 int cancel_fn(void*, int) { return MPI_SUCCESS; }  // an in-network operation cannot be cancelled
 
 // One step of `p`, the oldest pending operation of its communicator: true when it is done.
-// `wait`: block in tdr_wait while its in-network operation runs (bounded by libtreeduce's
-// timeouts, and needing nothing more of any rank: every rank started it).
-bool step(PendingOp* p, bool wait) {
+// Never blocks: a request waiting for the other ranks must not hold back another communicator's,
+// which those ranks may be waiting for first (legal MPI).
+bool step(PendingOp* p) {
   CommState* s = p->comm;
   if (p->stage == PendingOp::Stage::running) {
     if (p->started) {
-      const tdr_result_t r = wait ? tdr_wait(s->tdr, p->req) : tdr_test(s->tdr, p->req);
+      const tdr_result_t r = to_c(s->tdr->test(p->req));
       if (r == tdr_in_progress) return false;
       p->ok = r == tdr_ok ? 1 : 0;
       if (r != tdr_ok) {
         warn(s, std::string("MPI_Iallreduce failed on the network path here: ") +
-                    tdr_result_string(r) + ": " + tdr_last_error(s->tdr));
+                    tdr_result_string(r) + ": " + s->tdr->last_error());
       }
     }
     PMPI_Iallreduce(MPI_IN_PLACE, &p->ok, 1, MPI_INT, MPI_MIN, s->shadow, &p->mpi_req);
@@ -437,6 +528,7 @@ bool step(PendingOp* p, bool wait) {
 void progress_loop() {
   Global& gl = g();
   std::vector<PendingOp*> fronts;
+  std::chrono::microseconds interval = kPollFirst;
   for (;;) {
     fronts.clear();
     {
@@ -453,12 +545,9 @@ void progress_loop() {
       }
       if (fronts.empty()) return;  // stopping, and nothing is pending
     }
-    // With one operation pending, in the network, the thread sleeps in tdr_wait rather than
-    // polling: ranks, libtreeduce's threads and a software switch may share few CPUs.
-    const bool wait = fronts.size() == 1 && fronts[0]->stage == PendingOp::Stage::running;
     bool moved = false;
     for (PendingOp* p : fronts) {
-      if (!step(p, wait)) continue;
+      if (!step(p)) continue;
       moved = true;
       {
         std::lock_guard lk(gl.mu);
@@ -467,9 +556,20 @@ void progress_loop() {
       gl.cv.notify_all();
       PMPI_Grequest_complete(p->greq);  // p is the user's request's now: not touched again
     }
-    // Nothing finished: an agreement or a redo waits for the other ranks' threads, or several
-    // communicators' operations are in the network. A short sleep keeps this thread off the CPUs.
-    if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Nothing finished: operations are in the network, or an agreement or a redo waits for the
+    // other ranks' threads. The thread polls again after `interval` (at once for a new
+    // operation), never blocking in tdr_wait on one: every pending operation must move on.
+    if (moved) {
+      interval = kPollFirst;
+    } else {
+      std::unique_lock lk(gl.mu);
+      if (gl.cv.wait_for(lk, interval, [&] { return gl.stopping || gl.queued; })) {
+        interval = kPollFirst;
+      } else {
+        interval = std::min(interval * 2, kPollMax);
+      }
+      gl.queued = false;
+    }
   }
 }
 
@@ -504,45 +604,63 @@ void leave(CommState* s) {
   if (s->finished) return;
   drain(s);
   s->finished = true;
-  if (s->tdr != nullptr) tdr_comm_destroy(s->tdr);
-  s->tdr = nullptr;
+  release_job(s);
   if (s->shadow != MPI_COMM_NULL) PMPI_Comm_free(&s->shadow);
-  if (s->port_slot >= 0) {
-    std::lock_guard lk(g().mu);
-    g().port_used[s->port_slot] = false;
+}
+
+// The counters of one communicator as printed at MPI_Finalize ("" when nothing was counted, or
+// on a rank other than its rank 0: the counters are the same on every rank, rank 0 prints them).
+std::string stats_text(const CommState* s) {
+  if (s->rank != 0) return "";
+  std::uint64_t off = 0, passed = 0;
+  for (const auto& [k, v] : s->counters.offloaded) off += v;
+  for (const auto& [k, v] : s->counters.passed) passed += v;
+  if (off == 0 && passed == 0) return "";
+  std::string text = "treeduce-mpi: stats: " + s->label + " (" + std::to_string(s->size) +
+                     (s->size == 1 ? " rank" : " ranks") +
+                     (s->had_job ? ", treeduce job '" + s->job + "'" : "") + "): offloaded " +
+                     std::to_string(off);
+  std::string sep = " (";
+  for (const auto& [k, v] : s->counters.offloaded) {
+    text += sep + k + " " + std::to_string(v);
+    sep = ", ";
   }
+  if (off != 0) text += ")";
+  text += "; passed through " + std::to_string(passed) + "\n";
+  for (const auto& [k, v] : s->counters.passed) {
+    text += "treeduce-mpi: stats:   " + k.first + " " + std::to_string(v) + ": " + k.second + "\n";
+  }
+  return text;
+}
+
+// A freed communicator's state goes, its counters kept as text for MPI_Finalize.
+void forget(CommState* s) {
+  std::string text = g().cfg.stats ? stats_text(s) : std::string();
+  std::lock_guard lk(g().mu);
+  g().freed_stats += text;
+  std::erase_if(g().states, [&](const std::unique_ptr<CommState>& st) { return st.get() == s; });
 }
 
 void print_stats() {
-  for (const auto& st : g().states) {
-    const CommState* s = st.get();
-    if (s->rank != 0) continue;  // the counters are the same on every rank: rank 0 prints them
-    std::uint64_t off = 0, passed = 0;
-    for (const auto& [k, v] : s->counters.offloaded) off += v;
-    for (const auto& [k, v] : s->counters.passed) passed += v;
-    if (off == 0 && passed == 0) continue;
-    std::string head = "treeduce-mpi: stats: " + s->label + " (" + std::to_string(s->size) +
-                       (s->size == 1 ? " rank" : " ranks") +
-                       (s->had_job ? ", treeduce job '" + s->job + "'" : "") + "): offloaded " +
-                       std::to_string(off);
-    std::string sep = " (";
-    for (const auto& [k, v] : s->counters.offloaded) {
-      head += sep + k + " " + std::to_string(v);
-      sep = ", ";
-    }
-    if (off != 0) head += ")";
-    head += "; passed through " + std::to_string(passed);
-    std::fprintf(stderr, "%s\n", head.c_str());
-    for (const auto& [k, v] : s->counters.passed) {
-      std::fprintf(stderr, "treeduce-mpi: stats:   %s %llu: %s\n", k.first.c_str(),
-                   static_cast<unsigned long long>(v), k.second.c_str());
-    }
+  std::string text;
+  {
+    std::lock_guard lk(g().mu);
+    text = g().freed_stats;
+    for (const auto& st : g().states) text += stats_text(st.get());
   }
+  std::fputs(text.c_str(), stderr);
 }
 
+std::optional<std::string> env_lookup(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::optional<std::string>(v) : std::nullopt;
+}
+
+// Whether MPI_Init asks for MPI_THREAD_MULTIPLE: whenever the variables (the one parser's
+// reading) may offload anything. setup() says what is malformed.
 bool wants_progress_thread() {
-  const char* v = std::getenv("TREEDUCE_MPI");
-  return v == nullptr || std::strcmp(v, "off") != 0;
+  std::string error;
+  return parse_config(env_lookup, &error).mode != Mode::off;
 }
 
 // Sets the interposer up once MPI runs: the variables, agreed by every rank of MPI_COMM_WORLD.
@@ -551,12 +669,7 @@ void setup(int thread_level) {
   gl.thread_multiple = thread_level == MPI_THREAD_MULTIPLE;
   PMPI_Comm_rank(MPI_COMM_WORLD, &gl.world_rank);
   std::string error;
-  gl.cfg = parse_config(
-      [](const char* name) -> std::optional<std::string> {
-        const char* v = std::getenv(name);
-        return v != nullptr ? std::optional<std::string>(v) : std::nullopt;
-      },
-      &error);
+  gl.cfg = parse_config(env_lookup, &error);
   if (!error.empty()) {
     gl.off_reason = "a TREEDUCE_MPI variable is malformed (MPI_Init said which)";
     std::fprintf(stderr,
@@ -565,21 +678,43 @@ void setup(int thread_level) {
                  gl.world_rank, error.c_str());
   }
   if (const char* j = std::getenv("TREEDUCE_JOB")) gl.job_base = j;
-  if (const char* p = std::getenv("TREEDUCE_PORT")) {
-    const long v = std::strtol(p, nullptr, 10);
-    if (v > 0 && v + 64 * kPortSlots <= 65535) gl.port_base = static_cast<std::uint32_t>(v);
+  if (const char* p = std::getenv("TREEDUCE_PORT"); p != nullptr && *p != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(p, &end, 10);
+    if (*p < '0' || *p > '9' || *end != '\0' || errno != 0 || v < 1 || v > 65535) {
+      gl.port_error = std::string("TREEDUCE_PORT is '") + p +
+                      "'; it must be a UDP port from 1 to 65535 (the first of this host's "
+                      "communicators' ports)";
+    } else {
+      gl.port_base = static_cast<std::uint32_t>(v);
+    }
+  }
+  // The rank among this host's processes: the ports of a host's processes never collide.
+  MPI_Comm node = MPI_COMM_NULL;
+  if (PMPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    PMPI_Comm_rank(node, &gl.local_rank);
+    PMPI_Comm_free(&node);
+  } else {
+    gl.local_rank = gl.world_rank;
   }
   // Every rank must take the same decisions: the same mode and thresholds everywhere.
   // A malformed variable has been said by its rank; a mere difference is said by rank 0.
-  long long mine[5] = {
-      static_cast<long long>(gl.cfg.mode), gl.cfg.min_ranks,
+  // The last: whether MPI gave this rank MPI_THREAD_MULTIPLE, which MPI_Iallreduce's offload
+  // needs on every rank (the minimum decides).
+  long long mine[6] = {
+      static_cast<long long>(gl.cfg.mode),
+      gl.cfg.min_ranks,
       static_cast<long long>(gl.cfg.min_bytes),
       static_cast<long long>(gl.cfg.max_bytes == UINT64_MAX ? -1 : gl.cfg.max_bytes),
-      error.empty() ? 0 : 1};
-  long long lo[5], hi[5];
-  PMPI_Allreduce(mine, lo, 5, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  PMPI_Allreduce(mine, hi, 5, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-  if (std::memcmp(lo, hi, sizeof lo) != 0) {
+      error.empty() ? 0 : 1,
+      gl.thread_multiple ? 1 : 0};
+  long long lo[6], hi[6];
+  PMPI_Allreduce(mine, lo, 6, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  PMPI_Allreduce(mine, hi, 6, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  gl.thread_multiple = lo[5] != 0;
+  if (std::memcmp(lo, hi, 5 * sizeof lo[0]) != 0) {
     if (gl.world_rank == 0 && hi[4] == 0) {
       std::fprintf(stderr,
                    "treeduce-mpi: error: TREEDUCE_MPI, TREEDUCE_MPI_MIN_RANKS, "
@@ -702,10 +837,11 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
   std::vector<unsigned char> saved;
   if (in_place) {
     saved.assign(static_cast<unsigned char*>(recvbuf),
-                 static_cast<unsigned char*>(recvbuf) + bytes);
+                 static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
   }
-  const tdr_result_t r = tdr_allreduce(s->tdr, in_place ? recvbuf : sendbuf, recvbuf,
-                                       static_cast<std::size_t>(count), d, o);
+  const tdr_result_t r =
+      to_c(s->tdr->allreduce(in_place ? recvbuf : sendbuf, recvbuf, static_cast<std::size_t>(count),
+                             to_cpp(d), to_cpp(o)));
   if (agree(s, r, kAllreduce)) return MPI_SUCCESS;
   if (in_place) {
     std::memcpy(recvbuf, saved.data(), saved.size());
@@ -735,11 +871,11 @@ int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datat
   std::vector<unsigned char> saved;
   if (in_place) {
     saved.assign(static_cast<unsigned char*>(recvbuf),
-                 static_cast<unsigned char*>(recvbuf) + bytes);
+                 static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
   }
-  const tdr_result_t r =
-      tdr_reduce(s->tdr, in_place ? recvbuf : sendbuf, s->rank == root ? recvbuf : nullptr,
-                 static_cast<std::size_t>(count), d, o, static_cast<std::uint32_t>(root));
+  const tdr_result_t r = to_c(s->tdr->reduce(
+      in_place ? recvbuf : sendbuf, s->rank == root ? recvbuf : nullptr,
+      static_cast<std::size_t>(count), to_cpp(d), to_cpp(o), static_cast<std::uint32_t>(root)));
   if (agree(s, r, "MPI_Reduce")) return MPI_SUCCESS;
   if (in_place) {
     std::memcpy(recvbuf, saved.data(), saved.size());
@@ -756,11 +892,12 @@ int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
   tdr_op_t o{};
   std::uint64_t bytes = 0;
   std::optional<std::string> why;
+  int type_size = 0;
   if (root < 0 || root >= s->size)
     why = "the root is not a rank of it";
   else if (datatype == MPI_DATATYPE_NULL)
     why = "MPI_DATATYPE_NULL";
-  else if (count == 0)
+  else if (PMPI_Type_size(datatype, &type_size) != MPI_SUCCESS || count <= 0 || type_size <= 0)
     why = "no elements";
   else
     why = decide(s, comm, datatype, MPI_OP_NULL, count, false, &d, &o, &bytes);
@@ -768,9 +905,40 @@ int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
     count_passed(s, "MPI_Bcast", *why);
     return PMPI_Bcast(buffer, count, datatype, root, comm);
   }
-  // The root's buffer is only read (libtreeduce copies it), the others' rewritten by a redo.
-  const tdr_result_t r = tdr_broadcast(s->tdr, buffer, static_cast<std::size_t>(bytes), tdr_u8,
-                                       static_cast<std::uint32_t>(root));
+  // A contiguous predefined datatype goes as it lies; any other (a rank may describe the same
+  // bytes with a derived datatype while the others do not) is packed into MPI's contiguous form
+  // and unpacked, so that every rank takes the same path.
+  tdr_result_t r = tdr_ok;
+  if (bcast_element_bytes(datatype) != 0) {
+    // The root's buffer is only read (libtreeduce copies it), the others' rewritten by a redo.
+    r = to_c(s->tdr->broadcast(buffer, static_cast<std::size_t>(bytes), treeduce::DType::u8,
+                               static_cast<std::uint32_t>(root)));
+  } else {
+    int packed_max = 0;
+    PMPI_Pack_size(count, datatype, s->shadow, &packed_max);
+    std::vector<unsigned char> packed(
+        std::max(static_cast<std::size_t>(packed_max), static_cast<std::size_t>(bytes)));
+    int position = 0;
+    if (s->rank == root) {
+      PMPI_Pack(buffer, count, datatype, packed.data(), static_cast<int>(packed.size()), &position,
+                s->shadow);
+    }
+    if (s->rank == root && static_cast<std::uint64_t>(position) != bytes) {
+      warn(s, "MPI_Pack of the MPI_Bcast buffer gave " + bytes_str(position) + ", not " +
+                  bytes_str(bytes));
+      r = tdr_internal;  // the other ranks' broadcast fails at its timeout: all redo it
+    } else {
+      r = to_c(s->tdr->broadcast(packed.data(), static_cast<std::size_t>(bytes),
+                                 treeduce::DType::u8, static_cast<std::uint32_t>(root)));
+    }
+    const bool all_ok = agree(s, r, "MPI_Bcast");
+    if (all_ok && s->rank != root) {
+      position = 0;
+      PMPI_Unpack(packed.data(), static_cast<int>(packed.size()), &position, buffer, count,
+                  datatype, s->shadow);
+    }
+    return all_ok ? MPI_SUCCESS : PMPI_Bcast(buffer, count, datatype, root, s->shadow);
+  }
   if (agree(s, r, "MPI_Bcast")) return MPI_SUCCESS;
   return PMPI_Bcast(buffer, count, datatype, root, s->shadow);
 }
@@ -787,7 +955,7 @@ int MPI_Barrier(MPI_Comm comm) {
     return PMPI_Barrier(comm);
   }
   // The agreement is itself a barrier of every rank: a failed network barrier needs no redo.
-  agree(s, tdr_barrier(s->tdr), "MPI_Barrier");
+  agree(s, to_c(s->tdr->barrier()), "MPI_Barrier");
   return MPI_SUCCESS;
 }
 
@@ -800,7 +968,9 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   std::uint64_t bytes = 0;
   std::optional<std::string> why;
   if (!g().thread_multiple) {
-    why = "MPI gave no MPI_THREAD_MULTIPLE, which the interposer's progress thread needs";
+    why =
+        "MPI gave no MPI_THREAD_MULTIPLE on some rank, which the interposer's progress thread "
+        "needs";
   } else {
     why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes);
   }
@@ -818,19 +988,20 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   const bool in_place = sendbuf == MPI_IN_PLACE;
   if (in_place) {
     p->saved.assign(static_cast<unsigned char*>(recvbuf),
-                    static_cast<unsigned char*>(recvbuf) + bytes);
+                    static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
   }
-  const tdr_result_t r = tdr_iallreduce(s->tdr, in_place ? recvbuf : sendbuf, recvbuf,
-                                        static_cast<std::size_t>(count), d, o, &p->req);
+  const tdr_result_t r =
+      to_c(s->tdr->iallreduce(in_place ? recvbuf : sendbuf, recvbuf,
+                              static_cast<std::size_t>(count), to_cpp(d), to_cpp(o), &p->req));
   p->started = r == tdr_ok;
   p->ok = 0;
   if (r != tdr_ok) {
     warn(s, std::string("MPI_Iallreduce could not start on the network path here: ") +
-                tdr_last_error(s->tdr));
+                s->tdr->last_error());
   }
   const int rc = PMPI_Grequest_start(query_fn, free_fn, cancel_fn, p, request);
   if (rc != MPI_SUCCESS) {
-    if (p->started) tdr_wait(s->tdr, p->req);
+    if (p->started) s->tdr->wait(p->req);
     delete p;
     return rc;
   }
@@ -839,6 +1010,7 @@ int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype d
   {
     std::lock_guard lk(g().mu);
     s->pending.push_back(p);
+    g().queued = true;
   }
   g().cv.notify_all();
   return MPI_SUCCESS;

@@ -40,8 +40,7 @@ const TypeEntry* types(std::size_t* n) {
       {MPI_UNSIGNED, int_type<unsigned>()},
       {MPI_LONG, int_type<long>()},
       {MPI_UNSIGNED_LONG, int_type<unsigned long>()},
-      {MPI_LONG_LONG_INT, int_type<long long>()},
-      {MPI_LONG_LONG, int_type<long long>()},
+      {MPI_LONG_LONG_INT, int_type<long long>()},  // MPI_LONG_LONG is the same handle
       {MPI_UNSIGNED_LONG_LONG, int_type<unsigned long long>()},
       {MPI_INT8_T, tdr_i8},
       {MPI_UINT8_T, tdr_u8},

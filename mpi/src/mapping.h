@@ -20,8 +20,8 @@ std::optional<tdr_dtype_t> map_dtype(MPI_Datatype t);
 std::optional<tdr_op_t> map_op(MPI_Op op);
 
 /**
- * Bytes of one element of a predefined contiguous datatype (MPI_Bcast moves any such as bytes);
- * 0 for a derived or non-contiguous datatype, which MPI_Bcast passes through.
+ * Bytes of one element of a predefined contiguous datatype (MPI_Bcast moves such a buffer as it
+ * lies); 0 for a derived or non-contiguous datatype, which MPI_Bcast packs and unpacks.
  */
 std::size_t bcast_element_bytes(MPI_Datatype t);
 

@@ -289,6 +289,29 @@ static void overlapped(void) {
   }
   mix(out, sizeof out);
   mix(out2, sizeof out2);
+  /* Two requests on two communicators: even ranks start A (on the world) then B (on `other`) and
+   * wait for B first; odd ranks start B, wait for it, and only then start A. B completes only if
+   * the even ranks' interposer moves B on while A waits for the odd ranks. */
+  MPI_Request ra, rb;
+  if (world_rank % 2 == 0) {
+    MPI_Iallreduce(in, out, n, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &ra);
+    MPI_Iallreduce(in2, out2, n, MPI_INT, MPI_SUM, other, &rb);
+    MPI_Wait(&rb, MPI_STATUS_IGNORE);
+    MPI_Wait(&ra, MPI_STATUS_IGNORE);
+  } else {
+    MPI_Iallreduce(in2, out2, n, MPI_INT, MPI_SUM, other, &rb);
+    MPI_Wait(&rb, MPI_STATUS_IGNORE);
+    MPI_Iallreduce(in, out, n, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &ra);
+    MPI_Wait(&ra, MPI_STATUS_IGNORE);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    long want = 0, want2 = 0;
+    for (int r = 0; r < size; ++r) {
+      want += ival(r, i);
+      want2 += ival(r + 5, i);
+    }
+    expect(out[i] == want && out2[i] == want2, "crossed requests", i);
+  }
   MPI_Comm_free(&other);
 }
 
@@ -297,8 +320,43 @@ static void user_sum(void* in, void* inout, int* len, MPI_Datatype* t) {
   for (int i = 0; i < *len; ++i) ((int*)inout)[i] += ((int*)in)[i];
 }
 
-/* What libtreeduce-mpi passes through: a user operation, a derived datatype, types treeduce has
- * not, a message below TREEDUCE_MPI_MIN_BYTES. */
+/* MPI_Bcast with a derived datatype: a strided one on every rank, then on the root only, the
+ * other ranks receiving the same type signature as contiguous MPI_INTs (legal MPI: every rank
+ * must take the same path, or they wait for each other in different places). */
+static void derived_bcast(MPI_Comm comm) {
+  int rank;
+  MPI_Comm_rank(comm, &rank);
+  enum { n = 1000 };
+  static int out[n];
+  MPI_Datatype strided;
+  MPI_Type_vector(n / 2, 1, 2, MPI_INT, &strided);
+  MPI_Type_commit(&strided);
+  for (int i = 0; i < n; ++i) out[i] = rank == 0 ? ival(0, (size_t)i) : -1;
+  MPI_Bcast(out, 1, strided, 0, comm);
+  for (int i = 0; i < n; ++i) {
+    expect(out[i] == (i % 2 == 0 || rank == 0 ? ival(0, (size_t)i) : -1), "derived datatype",
+           (size_t)i);
+  }
+  /* The broadcast ints as every rank has them, in signature order: the same digest on all */
+  static int got[n / 2];
+  for (int i = 0; i < n / 2; ++i) got[i] = out[2 * i];
+  mix(got, sizeof got);
+  for (int i = 0; i < n; ++i) out[i] = rank == 0 ? ival(1, (size_t)i) : -1;
+  if (rank == 0)
+    MPI_Bcast(out, 1, strided, 0, comm);
+  else
+    MPI_Bcast(out, n / 2, MPI_INT, 0, comm);
+  for (int i = 0; i < n; ++i) {
+    const int want = rank == 0 ? ival(1, (size_t)i) : i < n / 2 ? ival(1, (size_t)(2 * i)) : -1;
+    expect(out[i] == want, "derived datatype on the root only", (size_t)i);
+  }
+  for (int i = 0; i < n / 2; ++i) got[i] = rank == 0 ? out[2 * i] : out[i];
+  mix(got, sizeof got);
+  MPI_Type_free(&strided);
+}
+
+/* What libtreeduce-mpi passes through: a user operation, types treeduce has not, a message
+ * below TREEDUCE_MPI_MIN_BYTES. */
 static void passed_through(MPI_Comm comm) {
   int rank, size;
   MPI_Comm_rank(comm, &rank);
@@ -314,17 +372,6 @@ static void passed_through(MPI_Comm comm) {
     long want = 0;
     for (int r = 0; r < size; ++r) want += ival(r, (size_t)i);
     expect(out[i] == want, "user op", (size_t)i);
-  }
-  /* Open MPI reduces no derived datatype with MPI_SUM: a strided one goes to MPI_Bcast */
-  MPI_Datatype strided;
-  MPI_Type_vector(n / 2, 1, 2, MPI_INT, &strided);
-  MPI_Type_commit(&strided);
-  for (int i = 0; i < n; ++i) out[i] = rank == 0 ? ival(0, (size_t)i) : -1;
-  MPI_Bcast(out, 1, strided, 0, comm);
-  MPI_Type_free(&strided);
-  for (int i = 0; i < n; ++i) {
-    expect(out[i] == (i % 2 == 0 || rank == 0 ? ival(0, (size_t)i) : -1), "derived datatype",
-           (size_t)i);
   }
   long double ld = rank + 1, lds = 0;
   MPI_Allreduce(&ld, &lds, 1, MPI_LONG_DOUBLE, MPI_SUM, comm);
@@ -380,6 +427,7 @@ int main(int argc, char** argv) {
     MPI_Comm_free(&dup);
     MPI_Comm_free(&half);
     overlapped();
+    derived_bcast(MPI_COMM_WORLD);
     passed_through(MPI_COMM_WORLD);
   }
   printf("mpi_check: rank %d: %ld checks, %ld wrong, digest %016llx, float digest %016llx\n",

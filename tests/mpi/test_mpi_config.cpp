@@ -49,6 +49,26 @@ TEST(MpiConfig, EveryVariable) {
   EXPECT_EQ(parse({{"TREEDUCE_MPI_MAX_BYTES", "1G"}}, &error).max_bytes, 1u << 30);
 }
 
+// docs/mpi.md, "Variables": an empty value is the default; suffixes in either case.
+TEST(MpiConfig, EmptyValuesAreDefaultsAndSuffixesTakeEitherCase) {
+  std::string error;
+  const Config c = parse({{"TREEDUCE_MPI", ""},
+                          {"TREEDUCE_MPI_MIN_RANKS", ""},
+                          {"TREEDUCE_MPI_MIN_BYTES", ""},
+                          {"TREEDUCE_MPI_MAX_BYTES", ""},
+                          {"TREEDUCE_MPI_STATS", ""}},
+                         &error);
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(c, Config{});
+  EXPECT_EQ(parse({{"TREEDUCE_MPI_MIN_BYTES", "64k"}}, &error).min_bytes, 65536u);
+  EXPECT_EQ(parse({{"TREEDUCE_MPI_MAX_BYTES", "2m"}}, &error).max_bytes, 2u << 20);
+  EXPECT_EQ(parse({{"TREEDUCE_MPI_MAX_BYTES", "1g"}}, &error).max_bytes, 1u << 30);
+  for (const char* bad : {" 64K", "+64", "64 K", "64KB", "64Ki"}) {
+    parse({{"TREEDUCE_MPI_MIN_BYTES", bad}}, &error);
+    EXPECT_FALSE(error.empty()) << bad;
+  }
+}
+
 TEST(MpiConfig, BadValuesAreOneSentenceAndTurnOffloadingOff) {
   const std::map<std::string, std::string> bad[] = {
       {{"TREEDUCE_MPI", "yes"}},
