@@ -18,6 +18,9 @@ TREEDUCE_PACKAGES=(
   libdpdk-dev dpdk-dev libcpp-httplib-dev libpcap-dev iproute2 iputils-ping
   # the MAC of a NACK (HMAC-SHA256, protocol/src/wire.cpp)
   nettle-dev
+  # the control plane's certificates: `treeduce lab up` makes its CA and certificates with the
+  # openssl command, as does deploy/examples/make-certs.sh
+  openssl
   # the host library: host-side reduction when the network path is not available
   libgloo-dev
   # the host library's ibverbs transport (rdma-core)
