@@ -237,9 +237,13 @@ leftovers() {
     out+="lab status says the lab is not healthy; "
   fi
   local jobs res sws
-  jobs=$("$cli" -m "$manager" --json jobs 2>&1) || { echo "manager: $jobs"; return; }
-  res=$("$cli" -m "$manager" --json resources 2>&1) || { echo "manager: $res"; return; }
-  sws=$("$cli" -m "$manager" --json switches 2>&1) || { echo "manager: $sws"; return; }
+  # The manager takes queries of every job from the lab's admin identity only (docs/lab.md, "TLS").
+  local tls=${state%/state.json}/tls
+  local q=(env TREEDUCE_TLS_CA="$tls/ca.pem" TREEDUCE_TLS_CERT="$tls/admin.pem"
+    TREEDUCE_TLS_KEY="$tls/admin.key" "$cli" -m "$manager" --json)
+  jobs=$("${q[@]}" jobs 2>&1) || { echo "manager: $jobs"; return; }
+  res=$("${q[@]}" resources 2>&1) || { echo "manager: $res"; return; }
+  sws=$("${q[@]}" switches 2>&1) || { echo "manager: $sws"; return; }
   out+=$(jq -r '.[] | select(.state=="running" or .state=="gathering" or .tree_id!=null) |
     "job \(.job) \(.state) with tree \(.tree_id); "' <<<"$jobs")
   out+=$(jq -r '.[] | select(.trees_used!=0 or .slots_used!=0 or .bytes_used!=0) |

@@ -32,6 +32,8 @@ TREEDUCE_PACKAGES=(
   python3-torch libtorch-dev pybind11-dev
   # libtreeduce-mpi's lab test runs an mpi4py script (docs/mpi.md)
   python3-mpi4py
+  # the chaos soak (scripts/chaos.sh) reads the manager's and switches' JSON with jq
+  jq
   # the Wireshark dissector's test (tshark reads captures with lab/wireshark/treeduce.lua)
   tshark
 )
