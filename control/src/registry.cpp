@@ -638,6 +638,27 @@ Status JobRegistry::fail_switch(const std::string& name, const std::string& why)
   return Status::Ok();
 }
 
+Status JobRegistry::drain_switch(const std::string& name, bool drain, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  std::int64_t sw = topo_.find_switch(name);
+  if (sw < 0) return not_found("Switch '" + name + "' is not in the topology.");
+  // The reason goes into logs, tables and refusal sentences: one short line.
+  if (reason.size() > 200 || std::any_of(reason.begin(), reason.end(), [](char ch) {
+        return std::iscntrl(static_cast<unsigned char>(ch)) != 0;
+      }))
+    return invalid_argument("The reason for draining switch '" + name +
+                            "' must be one line of at most 200 characters.");
+  alloc_.set_drained(std::uint32_t(sw), drain, reason);
+  std::cerr << "treeduce-manager: switch " << name
+            << (drain ? " drained" + (reason.empty() ? std::string() : " (" + reason + ")") +
+                            ": it takes no new trees"
+                      : " undrained: it takes new trees again")
+            << "\n";
+  touch_switch(std::uint32_t(sw));
+  flush();
+  return Status::Ok();
+}
+
 void JobRegistry::close() {
   std::lock_guard lock(mu_);
   closed_ = true;
@@ -660,7 +681,7 @@ std::vector<SwitchView> JobRegistry::switches() const {
   std::vector<SwitchView> out;
   for (std::uint32_t i = 0; i < sw_.size(); ++i)
     out.push_back({i, alloc_.switch_up(i), sw_[i].registered, sw_[i].agent, alloc_.profile(i),
-                   alloc_.usage(i)});
+                   alloc_.usage(i), alloc_.drained(i), alloc_.drain_reason(i)});
   return out;
 }
 
@@ -718,6 +739,8 @@ std::string JobRegistry::switch_doc(std::uint32_t sw) const {
   json d = {{"registered", sw_[sw].registered},
             {"agent", sw_[sw].agent},
             {"up", alloc_.switch_up(sw)},
+            {"drained", alloc_.drained(sw)},
+            {"drain_reason", alloc_.drain_reason(sw)},
             {"profile",
              {{"name", p.name},
               {"max_trees", p.max_trees},
@@ -778,6 +801,9 @@ Result<std::size_t> JobRegistry::restore() {
       s.agent = d.at("agent");
       s.lease_until = t + std::int64_t(std::max(opt_.switch_lease_ms, opt_.restore_grace_ms));
       alloc_.set_switch_up(std::uint32_t(sw), s.registered && d.at("up").get<bool>());
+      // A database from before drains has none.
+      alloc_.set_drained(std::uint32_t(sw), d.value("drained", false),
+                         d.value("drain_reason", std::string()));
     } catch (const json::exception& e) {
       return internal_error("The saved state of switch '" + name + "' is damaged: " + e.what() +
                             ".");
