@@ -299,7 +299,9 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
     // Every leaf of the job is in every tree: a full leaf refuses the job whatever the root.
     std::string why;
     if (!admits(c, topo_.leaf_switch(l), &why)) {
-      bool capacity = up_[topo_.leaf_switch(l)] && why.find(" is out of ") != std::string::npos;
+      const std::uint32_t leaf = topo_.leaf_switch(l);
+      // Not by the sentence alone: a drain's reason is free text.
+      bool capacity = up_[leaf] && !drained_[leaf] && why.find(" is out of ") != std::string::npos;
       return Status(capacity ? Code::resource_exhausted : Code::failed_precondition,
                     "No tree for job '" + req.job + "': " + why);
     }

@@ -558,13 +558,13 @@ TEST_F(Fixture, DrainedSwitchTakesNoNewTreesButKeepsItsJobs) {
   EXPECT_NE(c[1].status().message().find("is drained by an administrator"), std::string::npos)
       << c[1].status().message();
   // A job whose only leaf is drained, the sentence naming the switch and the reason.
-  ASSERT_TRUE(reg->drain_switch("leaf3", true, "rack move").ok());
+  ASSERT_TRUE(reg->drain_switch("leaf3", true, "power is out of spec").ok());
   auto d = reg->join(args("d", 0, 1, "h3-1"), 100);
   EXPECT_EQ(d.status().code(), Code::failed_precondition);
   EXPECT_EQ(d.status().message(),
             "No tree for job 'd': switch leaf3 (" +
                 topo.profile_of(std::uint32_t(topo.find_switch("leaf3"))).name +
-                ") is drained by an administrator (rack move) and takes no new trees.");
+                ") is drained by an administrator (power is out of spec) and takes no new trees.");
   // Undrained, it takes trees again.
   ASSERT_TRUE(reg->drain_switch(other, false, "").ok());
   ASSERT_TRUE(reg->drain_switch("leaf3", false, "").ok());
