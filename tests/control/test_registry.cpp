@@ -578,7 +578,8 @@ TEST_F(Fixture, DrainedSwitchTakesNoNewTreesButKeepsItsJobs) {
   EXPECT_EQ(reg->switches().at(std::size_t(topo.find_switch(spine))).used, Usage{});
   // Bad requests change nothing.
   EXPECT_EQ(reg->drain_switch("nosuch", true, "").code(), Code::not_found);
-  EXPECT_EQ(reg->drain_switch("leaf0", true, "two\nlines").code(), Code::invalid_argument);
+  for (const char* bad : {"two\nlines", "\xff", "caf\xc3", "\xed\xa0\x80", "\xc0\xaf"})
+    EXPECT_EQ(reg->drain_switch("leaf0", true, bad).code(), Code::invalid_argument) << bad;
   EXPECT_EQ(reg->drain_switch("leaf0", true, std::string(201, 'x')).code(), Code::invalid_argument);
   EXPECT_FALSE(reg->switches().at(std::size_t(topo.find_switch("leaf0"))).drained);
 }
@@ -593,7 +594,8 @@ TEST_F(Fixture, DrainSurvivesRestartAndRegistration) {
   store = st->get();
   make(false);
   ASSERT_TRUE(reg->drain_switch("leaf0", true, "rack move").ok());
-  ASSERT_TRUE(reg->drain_switch("leaf1", true, "").ok());
+  ASSERT_TRUE(
+      reg->drain_switch("leaf1", true, "câble ✓ \xf0\x9f\x94\x8c").ok());  // UTF-8 is stored
   ASSERT_TRUE(reg->drain_switch("leaf1", false, "").ok());
   const auto leaf0 = std::size_t(topo.find_switch("leaf0"));
   const auto leaf1 = std::size_t(topo.find_switch("leaf1"));

@@ -206,7 +206,8 @@ class JobRegistry {
   /// refused with a sentence naming the drain and `reason`); the jobs it carries run on until
   /// they leave, and it keeps registering and heartbeating. The drain is stored and survives a
   /// restart, and a re-registration or a failure does not lift it. not_found for a switch the
-  /// topology lacks, invalid_argument for a reason that is not one line of at most 200 characters.
+  /// topology lacks, invalid_argument for a reason that is not one line of UTF-8 text of at most
+  /// 200 bytes.
   Status drain_switch(const std::string& name, bool drain, const std::string& reason);
 
   /// Loads jobs, trees and switches from the store after a restart. Trees are re-reserved
