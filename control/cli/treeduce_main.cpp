@@ -178,6 +178,10 @@ std::string unusable(const pb::SwitchInfo& s, const DoctorArgs& a, treeduce::DTy
   const std::string sw = "Switch " + s.name() + " (" + r.profile() + ")";
   if (!s.registered()) return sw + " has not registered with the manager, so it takes no trees.";
   if (!s.up()) return sw + " is down: its agent stopped heartbeating or missed an install.";
+  if (s.drained())
+    return sw + " is drained by an administrator" +
+           (s.drain_reason().empty() ? std::string() : " (" + s.drain_reason() + ")") +
+           " and takes no new trees.";
   if (!offloads(r.dtype_mask(), r.op_mask(), d, op))
     return sw + " does not reduce " + std::string(treeduce::name(d)) + " " +
            std::string(treeduce::name(op)) + "; it reduces " + pairs(r.dtype_mask(), r.op_mask()) +
@@ -567,6 +571,17 @@ int main(int argc, char** argv) {
   std::string fail_name, fail_reason;
   fail_cmd->add_option("switch", fail_name, "the switch's name in the topology")->required();
   fail_cmd->add_option("--reason", fail_reason, "why, for the logs and the jobs' state");
+  auto* drain_cmd = app.add_subcommand(
+      "drain-switch",
+      "drain a switch before maintenance: it takes no new trees, its jobs run on until they "
+      "leave (the admin identity only)");
+  std::string drain_name, drain_reason;
+  drain_cmd->add_option("switch", drain_name, "the switch's name in the topology")->required();
+  drain_cmd->add_option("--reason", drain_reason,
+                        "why, for the logs, `treeduce switches` and the jobs it refuses");
+  auto* undrain_cmd = app.add_subcommand(
+      "undrain-switch", "make a drained switch take new trees again (the admin identity only)");
+  undrain_cmd->add_option("switch", drain_name, "the switch's name in the topology")->required();
   auto* doc_cmd = app.add_subcommand(
       "doctor", "says whether a job would be reduced in the network, and why not (exit 0: yes)");
   // `treeduce lab ...` (docs/lab.md): the lab's own code, lab/src/lab_cli.cpp.
@@ -638,6 +653,22 @@ int main(int argc, char** argv) {
     std::cout << "switch " << fail_name << " declared failed\n";
     return 0;
   }
+  if (drain_cmd->parsed() || undrain_cmd->parsed()) {
+    auto admin = pb::Admin::NewStub(grpc::CreateChannel(manager, g_creds));
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::DrainSwitchRequest req;
+    req.set_name(drain_name);
+    req.set_drain(drain_cmd->parsed());
+    req.set_reason(drain_reason);
+    pb::AdminReply rep;
+    if (auto s = admin->DrainSwitch(&c, req, &rep); !s.ok()) return fail(s, manager);
+    std::cout << "switch " << drain_name
+              << (drain_cmd->parsed() ? " drained: it takes no new trees; its jobs run on until "
+                                        "they leave (treeduce resources shows its trees)\n"
+                                      : " undrained: it takes new trees again\n");
+    return 0;
+  }
   auto stub = pb::Query::NewStub(grpc::CreateChannel(manager, g_creds));
   auto ctx = [] {
     auto c = std::make_unique<grpc::ClientContext>();
@@ -696,15 +727,20 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   for (const auto& s : sl.switches()) {
     const auto& r = s.resources();
-    const std::string state = !s.registered() ? "unregistered" : s.up() ? "up" : "down";
+    std::string state = !s.registered() ? "unregistered" : s.up() ? "up" : "down";
+    // A drained switch that is up says only "drained"; down or unregistered, both.
+    if (s.drained()) state = state == "up" ? "drained" : state + ",drained";
     if (sw_cmd->parsed()) {
       out.push_back({{"switch", s.name()},
                      {"level", s.level()},
                      {"state", state},
+                     {"drained", s.drained()},
+                     {"drain_reason", s.drain_reason()},
                      {"agent", s.agent_address()},
                      {"profile", r.profile()}});
       rows.push_back({s.name(), std::to_string(s.level()), state,
-                      s.agent_address().empty() ? "-" : s.agent_address(), r.profile()});
+                      s.agent_address().empty() ? "-" : s.agent_address(), r.profile(),
+                      s.drain_reason().empty() ? "-" : s.drain_reason()});
     } else {
       out.push_back({{"switch", s.name()},
                      {"profile", r.profile()},
@@ -733,7 +769,7 @@ int main(int argc, char** argv) {
   if (as_json)
     std::cout << out.dump(2) << "\n";
   else if (sw_cmd->parsed())
-    print_table({"SWITCH", "LEVEL", "STATE", "AGENT", "PROFILE"}, rows);
+    print_table({"SWITCH", "LEVEL", "STATE", "AGENT", "PROFILE", "DRAIN REASON"}, rows);
   else
     print_table(
         {"SWITCH", "PROFILE", "TREES", "SLOTS", "MEMORY", "PAYLOAD", "FAN-IN", "TYPES", "OPS"},

@@ -336,6 +336,8 @@ class ManagerServer::Queries final : public pb::Query::Service {
       s->set_trees_used(v.used.trees);
       s->set_slots_used(v.used.slots);
       s->set_bytes_used(v.used.bytes);
+      s->set_drained(v.drained);
+      s->set_drain_reason(v.drain_reason);
     }
     return grpc::Status::OK;
   }
@@ -358,6 +360,15 @@ class ManagerServer::Admins final : public pb::Admin::Service {
     const std::string reason =
         req->reason().empty() ? "declared failed by an admin" : req->reason();
     return to_grpc(reg_.fail_switch(req->name(), reason));
+  }
+
+  grpc::Status DrainSwitch(grpc::ServerContext* ctx, const pb::DrainSwitchRequest* req,
+                           pb::AdminReply*) override {
+    if (const std::string why = not_admin(*ctx, admin_); !why.empty())
+      return to_grpc(permission_denied((req->drain() ? "Draining" : "Undraining") +
+                                       std::string(" switch '") + req->name() +
+                                       "' needs the admin identity (" + why + ")."));
+    return to_grpc(reg_.drain_switch(req->name(), req->drain(), req->reason()));
   }
 
  private:

@@ -74,6 +74,8 @@ Allocator::Allocator(const Topology& topo, AllocatorOptions opt)
       opt_(opt),
       used_(topo.switches.size()),
       up_(topo.switches.size(), 1),
+      drained_(topo.switches.size(), 0),
+      drain_reason_(topo.switches.size()),
       tree_ids_(65536, 0) {
   tree_ids_[0] = 1;
   for (std::uint32_t i = 0; i < topo.switches.size(); ++i) prof_.push_back(topo.profile_of(i));
@@ -97,6 +99,10 @@ bool Allocator::admits(const Ctx& c, std::uint32_t sw, std::string* why) const {
     return false;
   };
   if (!up_[sw]) return no("is down (failed, or not registered yet).");
+  if (drained_[sw])
+    return no("is drained by an administrator" +
+              (drain_reason_[sw].empty() ? std::string() : " (" + drain_reason_[sw] + ")") +
+              " and takes no new trees.");
   if (r.dtype_mask != 0 || r.op_mask != 0) {
     if (auto m = first_missing(p, r.dtype_mask, r.op_mask))
       return no("does not reduce " + pair_name(m->dtype, m->op) + ", which the job needs.");
@@ -293,7 +299,9 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
     // Every leaf of the job is in every tree: a full leaf refuses the job whatever the root.
     std::string why;
     if (!admits(c, topo_.leaf_switch(l), &why)) {
-      bool capacity = up_[topo_.leaf_switch(l)] && why.find(" is out of ") != std::string::npos;
+      const std::uint32_t leaf = topo_.leaf_switch(l);
+      // Not by the sentence alone: a drain's reason is free text.
+      bool capacity = up_[leaf] && !drained_[leaf] && why.find(" is out of ") != std::string::npos;
       return Status(capacity ? Code::resource_exhausted : Code::failed_precondition,
                     "No tree for job '" + req.job + "': " + why);
     }
@@ -385,8 +393,10 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
                                std::to_string(nleaves) +
                                " leaf switches of its ranks; the fabric is partitioned.");
   // A switch that lacks a capability refuses whatever is free elsewhere: not a capacity matter.
+  // Nor is a drain: it lasts until an administrator undrains the switch.
   const bool capability = first_why.find(" does not reduce ") != std::string::npos ||
-                          first_why.find(" has no deterministic mode") != std::string::npos;
+                          first_why.find(" has no deterministic mode") != std::string::npos ||
+                          first_why.find(" is drained by an administrator") != std::string::npos;
   return Status(capability ? Code::failed_precondition : Code::resource_exhausted,
                 "No tree for job '" + req.job + "': " + first_why);
 }
@@ -423,6 +433,11 @@ Status Allocator::adopt(const Allocation& a) {
   commit(a, +1);
   jobs_.emplace(a.job, a);
   return Status::Ok();
+}
+
+void Allocator::set_drained(std::uint32_t sw, bool drained, const std::string& reason) {
+  drained_[sw] = drained ? 1 : 0;
+  drain_reason_[sw] = drained ? reason : std::string();
 }
 
 std::vector<std::string> Allocator::set_switch_up(std::uint32_t sw, bool up) {

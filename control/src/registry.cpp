@@ -69,6 +69,41 @@ bool same_secret(const std::string& a, const std::string& b) {
   return d == 0;
 }
 
+// One line of valid UTF-8 (no control characters): what may go into logs, tables, JSON
+// documents (nlohmann refuses to write invalid UTF-8) and proto3 strings.
+bool one_line_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < 0x20 || b == 0x7f) return false;
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range (no overlongs, surrogates)
+    if (b >= 0xc2 && b <= 0xdf) {
+      n = 1;
+    } else if (b >= 0xe0 && b <= 0xef) {
+      n = 2;
+      if (b == 0xe0) lo = 0xa0;
+      if (b == 0xed) hi = 0x9f;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+      n = 3;
+      if (b == 0xf0) lo = 0x90;
+      if (b == 0xf4) hi = 0x8f;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;  // cut short
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xbf)) return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string_view name(JobState s) noexcept {
@@ -638,6 +673,25 @@ Status JobRegistry::fail_switch(const std::string& name, const std::string& why)
   return Status::Ok();
 }
 
+Status JobRegistry::drain_switch(const std::string& name, bool drain, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  std::int64_t sw = topo_.find_switch(name);
+  if (sw < 0) return not_found("Switch '" + name + "' is not in the topology.");
+  // The reason goes into logs, tables and refusal sentences: one short line.
+  if (reason.size() > 200 || !one_line_utf8(reason))
+    return invalid_argument("The reason for draining switch '" + name +
+                            "' must be one line of UTF-8 text of at most 200 bytes.");
+  alloc_.set_drained(std::uint32_t(sw), drain, reason);
+  std::cerr << "treeduce-manager: switch " << name
+            << (drain ? " drained" + (reason.empty() ? std::string() : " (" + reason + ")") +
+                            ": it takes no new trees"
+                      : " undrained: it takes new trees again")
+            << "\n";
+  touch_switch(std::uint32_t(sw));
+  flush();
+  return Status::Ok();
+}
+
 void JobRegistry::close() {
   std::lock_guard lock(mu_);
   closed_ = true;
@@ -660,7 +714,7 @@ std::vector<SwitchView> JobRegistry::switches() const {
   std::vector<SwitchView> out;
   for (std::uint32_t i = 0; i < sw_.size(); ++i)
     out.push_back({i, alloc_.switch_up(i), sw_[i].registered, sw_[i].agent, alloc_.profile(i),
-                   alloc_.usage(i)});
+                   alloc_.usage(i), alloc_.drained(i), alloc_.drain_reason(i)});
   return out;
 }
 
@@ -718,6 +772,8 @@ std::string JobRegistry::switch_doc(std::uint32_t sw) const {
   json d = {{"registered", sw_[sw].registered},
             {"agent", sw_[sw].agent},
             {"up", alloc_.switch_up(sw)},
+            {"drained", alloc_.drained(sw)},
+            {"drain_reason", alloc_.drain_reason(sw)},
             {"profile",
              {{"name", p.name},
               {"max_trees", p.max_trees},
@@ -778,6 +834,9 @@ Result<std::size_t> JobRegistry::restore() {
       s.agent = d.at("agent");
       s.lease_until = t + std::int64_t(std::max(opt_.switch_lease_ms, opt_.restore_grace_ms));
       alloc_.set_switch_up(std::uint32_t(sw), s.registered && d.at("up").get<bool>());
+      // A database from before drains has none.
+      alloc_.set_drained(std::uint32_t(sw), d.value("drained", false),
+                         d.value("drain_reason", std::string()));
     } catch (const json::exception& e) {
       return internal_error("The saved state of switch '" + name + "' is damaged: " + e.what() +
                             ".");

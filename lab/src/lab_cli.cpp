@@ -1360,7 +1360,9 @@ int status(const std::string& name) {
   }
   std::map<std::string, std::string> mstate;
   for (const auto& sw : sl.switches()) {
-    mstate[sw.name()] = !sw.registered() ? "unregistered" : sw.up() ? "up" : "down";
+    std::string st = !sw.registered() ? "unregistered" : sw.up() ? "up" : "down";
+    if (sw.drained()) st = st == "up" ? "drained" : st + ",drained";
+    mstate[sw.name()] = st;
   }
   std::vector<Row> rows;
   std::map<std::string, std::vector<Sample>> metrics;

@@ -322,6 +322,27 @@ TEST_F(Grpc, CliPrintsTablesAndJson) {
   auto sw = nlohmann::json::parse(sw_json);
   ASSERT_EQ(sw.size(), 4u);
   EXPECT_EQ(sw[0]["state"], "up");
+  // Draining through the CLI: `switches` shows it, the running job is untouched.
+  const std::string name0 = sw[0]["switch"];
+  auto [rc7, drained] = cli(m + "drain-switch " + name0 + " --reason 'new optics'");
+  ASSERT_EQ(rc7, 0) << drained;
+  EXPECT_EQ(drained, "switch " + name0 +
+                         " drained: it takes no new trees; its jobs run on until they leave "
+                         "(treeduce resources shows its trees)\n");
+  auto [rc8, sw_table] = cli(m + "switches");
+  EXPECT_EQ(rc8, 0);
+  EXPECT_NE(sw_table.find("drained"), std::string::npos) << sw_table;
+  EXPECT_NE(sw_table.find("new optics"), std::string::npos) << sw_table;
+  sw = nlohmann::json::parse(cli(m + "--json switches").second);
+  EXPECT_EQ(sw[0]["state"], "drained");
+  EXPECT_EQ(sw[0]["drain_reason"], "new optics");
+  EXPECT_NE(cli(m + "jobs").second.find("train  running  4/4"), std::string::npos);
+  auto [rc9, undrained] = cli(m + "undrain-switch " + name0);
+  ASSERT_EQ(rc9, 0) << undrained;
+  EXPECT_EQ(undrained, "switch " + name0 + " undrained: it takes new trees again\n");
+  sw = nlohmann::json::parse(cli(m + "--json switches").second);
+  EXPECT_EQ(sw[0]["state"], "up");
+  EXPECT_EQ(cli(m + "drain-switch nosuch").first, 1);
   auto [rc5, down] = cli("--manager 127.0.0.1:1 jobs");
   EXPECT_NE(rc5, 0);
   EXPECT_NE(down.find("cannot reach the manager"), std::string::npos) << down;
@@ -863,6 +884,34 @@ TEST_F(TlsManager, IdentitiesDecideWhoMayDoWhat) {
   ASSERT_TRUE(fail_switch("treeduce-admin", "leaf0").ok());
   for (const SwitchView& v : reg->switches())
     EXPECT_EQ(v.up, topo.switches[v.index].name != "leaf0") << topo.switches[v.index].name;
+  const auto drain_switch = [&](const std::string& who, const std::string& name, bool drain) {
+    grpc::ClientContext ctx;
+    pb::DrainSwitchRequest r;
+    r.set_name(name);
+    r.set_drain(drain);
+    r.set_reason("maintenance");
+    pb::AdminReply rep;
+    return pb::Admin::NewStub(channel(who))->DrainSwitch(&ctx, r, &rep);
+  };
+  s = drain_switch("job", "leaf1", true);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Draining switch 'leaf1' needs the admin identity (the caller's certificate names "
+            "'job', not the admin identity 'treeduce-admin').");
+  EXPECT_EQ(drain_switch("leaf0", "leaf1", true).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_FALSE(reg->switches().at(std::size_t(topo.find_switch("leaf1"))).drained);
+  EXPECT_EQ(drain_switch("treeduce-admin", "nosuch", true).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(drain_switch("treeduce-admin", "leaf1", true).ok());
+  EXPECT_EQ(reg->switches().at(std::size_t(topo.find_switch("leaf1"))).drain_reason, "maintenance");
+  s = drain_switch("leaf0", "leaf1", false);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Undraining switch 'leaf1' needs the admin identity (the caller's certificate names "
+            "'leaf0', not the admin identity 'treeduce-admin').");
+  EXPECT_TRUE(reg->switches().at(std::size_t(topo.find_switch("leaf1"))).drained);
+  ASSERT_TRUE(drain_switch("treeduce-admin", "leaf1", false).ok());
+  EXPECT_FALSE(reg->switches().at(std::size_t(topo.find_switch("leaf1"))).drained);
 
   const auto register_as = [&](const std::string& who, const std::string& name) {
     grpc::ClientContext ctx;

@@ -523,3 +523,103 @@ TEST_F(Fixture, RegistrationReconcilesTheSwitchsTrees) {
   EXPECT_EQ(r.status().code(), Code::unavailable);
   EXPECT_EQ(reg->switches().at(0).agent, "127.0.0.1:1");
 }
+
+// Draining (docs/manager.md, "Admin"): a drained switch takes no new trees, routed around as if
+// down, while the job it carries runs on until it leaves; a job that cannot do without it is
+// refused with a sentence naming the drain; undraining makes it eligible again.
+TEST_F(Fixture, DrainedSwitchTakesNoNewTreesButKeepsItsJobs) {
+  auto a = join_all("a", {"h0-0", "h1-0"});
+  ASSERT_TRUE(a[0].ok()) << a[0].status().to_string();
+  ASSERT_EQ(a[0]->switches.size(), 3u);
+  const std::string spine = a[0]->switches[0].name;  // the root
+  const std::string other = spine == "spine0" ? "spine1" : "spine0";
+  ASSERT_TRUE(reg->drain_switch(spine, true, "swap optics").ok());
+  for (const SwitchView& v : reg->switches()) {
+    const bool mine = topo.switches[v.index].name == spine;
+    EXPECT_EQ(v.drained, mine) << topo.switches[v.index].name;
+    EXPECT_EQ(v.drain_reason, mine ? "swap optics" : "");
+    EXPECT_TRUE(v.up);
+  }
+  // Its job runs on, its tree in place.
+  clock += 600;
+  reg->sweep();
+  auto hb = reg->heartbeat("a", 0);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->state, JobState::running);
+  EXPECT_EQ(client.trees[spine].count(a[0]->tree_id), 1u);
+  // A new job is routed around it.
+  auto b = join_all("b", {"h2-0", "h3-0"});
+  ASSERT_TRUE(b[0].ok()) << b[0].status().to_string();
+  EXPECT_EQ(b[0]->switches[0].name, other);
+  // With both spines drained, a job across leaves has no way and is told why.
+  ASSERT_TRUE(reg->drain_switch(other, true, "").ok());
+  auto c = join_all("c", {"h0-1", "h2-1"});
+  EXPECT_EQ(c[1].status().code(), Code::failed_precondition);
+  EXPECT_NE(c[1].status().message().find("is drained by an administrator"), std::string::npos)
+      << c[1].status().message();
+  // A job whose only leaf is drained, the sentence naming the switch and the reason.
+  ASSERT_TRUE(reg->drain_switch("leaf3", true, "power is out of spec").ok());
+  auto d = reg->join(args("d", 0, 1, "h3-1"), 100);
+  EXPECT_EQ(d.status().code(), Code::failed_precondition);
+  EXPECT_EQ(d.status().message(),
+            "No tree for job 'd': switch leaf3 (" +
+                topo.profile_of(std::uint32_t(topo.find_switch("leaf3"))).name +
+                ") is drained by an administrator (power is out of spec) and takes no new trees.");
+  // Undrained, it takes trees again.
+  ASSERT_TRUE(reg->drain_switch(other, false, "").ok());
+  ASSERT_TRUE(reg->drain_switch("leaf3", false, "").ok());
+  auto e = join_all("e", {"h0-1", "h3-1"});
+  ASSERT_TRUE(e[0].ok()) << e[0].status().to_string();
+  EXPECT_EQ(e[0]->switches[0].name, other);
+  // The drained switch's job leaves when it is done: its tree goes, the switch is empty.
+  ASSERT_TRUE(reg->leave("a", 0).ok());
+  ASSERT_TRUE(reg->leave("a", 1).ok());
+  EXPECT_TRUE(client.trees[spine].empty());
+  EXPECT_EQ(reg->switches().at(std::size_t(topo.find_switch(spine))).used, Usage{});
+  // Bad requests change nothing.
+  EXPECT_EQ(reg->drain_switch("nosuch", true, "").code(), Code::not_found);
+  for (const char* bad : {"two\nlines", "\xff", "caf\xc3", "\xed\xa0\x80", "\xc0\xaf"})
+    EXPECT_EQ(reg->drain_switch("leaf0", true, bad).code(), Code::invalid_argument) << bad;
+  EXPECT_EQ(reg->drain_switch("leaf0", true, std::string(201, 'x')).code(), Code::invalid_argument);
+  EXPECT_FALSE(reg->switches().at(std::size_t(topo.find_switch("leaf0"))).drained);
+}
+
+// A drain is stored: it survives a restart and a re-registration; an undrain too.
+TEST_F(Fixture, DrainSurvivesRestartAndRegistration) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("treeduce-drain-" + std::to_string(getpid()) + ".db");
+  std::filesystem::remove(path);
+  auto st = open_sqlite_store(path.string());
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  store = st->get();
+  make(false);
+  ASSERT_TRUE(reg->drain_switch("leaf0", true, "rack move").ok());
+  ASSERT_TRUE(
+      reg->drain_switch("leaf1", true, "câble ✓ \xf0\x9f\x94\x8c").ok());  // UTF-8 is stored
+  ASSERT_TRUE(reg->drain_switch("leaf1", false, "").ok());
+  const auto leaf0 = std::size_t(topo.find_switch("leaf0"));
+  const auto leaf1 = std::size_t(topo.find_switch("leaf1"));
+  for (int restart = 0; restart < 2; ++restart) {
+    reg.reset();
+    make(false);
+    ASSERT_TRUE(reg->restore().ok());
+    auto sw = reg->switches();
+    EXPECT_TRUE(sw.at(leaf0).drained);
+    EXPECT_EQ(sw.at(leaf0).drain_reason, "rack move");
+    EXPECT_FALSE(sw.at(leaf1).drained);
+    // Registering again (a switch restarted for its maintenance) does not lift the drain.
+    ASSERT_TRUE(reg->register_switch("leaf0", "127.0.0.1:1", {}).ok());
+    ASSERT_TRUE(reg->register_switch("leaf1", "127.0.0.1:2", {}).ok());
+    const auto j = reg->join(args("j", 0, 1, "h0-0"), 100);
+    EXPECT_EQ(j.status().code(), Code::failed_precondition) << j.status().to_string();
+    EXPECT_NE(j.status().message().find("(rack move)"), std::string::npos);
+    const auto k = reg->join(args("k", 0, 1, "h1-0"), 100);
+    EXPECT_TRUE(k.ok()) << k.status().to_string();
+    ASSERT_TRUE(reg->leave("j", 0).ok());
+    ASSERT_TRUE(reg->leave("k", 0).ok());
+    EXPECT_TRUE(reg->switches().at(leaf0).drained);
+  }
+  reg.reset();
+  st.value().reset();
+  std::filesystem::remove(path);
+}

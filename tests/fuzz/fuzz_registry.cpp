@@ -1,7 +1,7 @@
 // libFuzzer target over the manager's request handling below the gRPC edge (JobRegistry: what
 // JobService and SwitchRegistry call): any sequence of joins, heartbeats, leaves, aborts, switch
-// registrations, heartbeats and failures, clock steps with lease sweeps, and switch agents that
-// fail installs, with hostile names and sizes. Never a crash, a hang or an exception; every
+// registrations, heartbeats, failures and drains, clock steps with lease sweeps, and switch agents
+// that fail installs, with hostile names and sizes. Never a crash, a hang or an exception; every
 // refusal is a sentence; and once every rank has left and every lease and hold has run out, no
 // job, tree, slot or byte is left on any switch, and once each switch has registered again with
 // what it holds (reconciliation), no switch holds a tree (docs/manager.md). Input: byte 0 picks the
@@ -87,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::set<std::pair<std::string, std::uint32_t>> joined;
 
   for (int step = 0; step < 256 && in.remaining_bytes() > 0; ++step) {
-    switch (in.ConsumeIntegralInRange<int>(0, 8)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 9)) {
       case 0: {
         JoinArgs a;
         a.job = pick_name(in, jobs, 3);
@@ -172,6 +172,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 8:
         sw.failing = !sw.failing;
         break;
+      case 9: {
+        // An admin drains or undrains a switch: its trees stay, new ones avoid it.
+        const std::string name = pick_name(in, sws.data(), sws.size());
+        check_refusal(reg.drain_switch(name, in.ConsumeBool(), in.ConsumeRandomLengthString(40)));
+        break;
+      }
     }
     for (const SwitchView& v : reg.switches()) {
       const ResourceProfile& p = v.profile;

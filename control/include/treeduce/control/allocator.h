@@ -96,7 +96,8 @@ class Allocator {
   /// Chooses and reserves a tree. Refusals: invalid_argument (bad request, or masks that ask
   /// for no defined pair), already_exists (job has a tree), failed_precondition (no switch
   /// reaches every leaf, a switch cannot reduce a pair the job needs, the sentence naming the
-  /// switch, its profile and the pair, or cannot run the mode), resource_exhausted (every candidate
+  /// switch, its profile and the pair, or cannot run the mode; a drained switch the tree cannot do
+  /// without, the sentence naming the drain), resource_exhausted (every candidate
   /// lacks capacity; the sentence names a switch and the resource that ran out).
   Result<Allocation> allocate(const JobRequest& req);
   /// Frees a job's tree. not_found when it has none.
@@ -108,6 +109,13 @@ class Allocator {
   /// use it (they are not released: the registry decides).
   std::vector<std::string> set_switch_up(std::uint32_t sw, bool up);
   bool switch_up(std::uint32_t sw) const { return up_[sw] != 0; }
+
+  /// Drains a switch (`drained`) or makes it eligible again: a drained switch takes no new
+  /// trees, as if down, but keeps the ones it has. A refusal it causes names the drain and
+  /// `reason` ("" = none given).
+  void set_drained(std::uint32_t sw, bool drained, const std::string& reason = {});
+  bool drained(std::uint32_t sw) const { return drained_[sw] != 0; }
+  const std::string& drain_reason(std::uint32_t sw) const { return drain_reason_[sw]; }
 
   /// Replaces a switch's limits (a switch registered with its real ones). failed_precondition
   /// when what is in use would not fit the new limits.
@@ -133,6 +141,8 @@ class Allocator {
   std::vector<ResourceProfile> prof_;
   std::vector<Usage> used_;
   std::vector<std::uint8_t> up_;
+  std::vector<std::uint8_t> drained_;
+  std::vector<std::string> drain_reason_;
   std::map<std::string, Allocation> jobs_;
   std::vector<std::uint8_t> tree_ids_;  ///< 1 = in use; id 0 is never handed out
   std::uint32_t next_id_ = 1;

@@ -139,6 +139,8 @@ struct SwitchView {
   std::string agent;
   ResourceProfile profile;
   Usage used;
+  bool drained = false;      ///< JobRegistry::drain_switch
+  std::string drain_reason;  ///< "" when none was given
 };
 
 /// Settings.
@@ -199,6 +201,14 @@ class JobRegistry {
   /// Marks a switch failed: its jobs fail (ranks are told through heartbeats) and free their
   /// trees on the other switches.
   Status fail_switch(const std::string& name, const std::string& why);
+  /// Drains a switch (`drain`) or makes it eligible again. A drained switch takes no new trees
+  /// (the allocator routes around it as if it were down; a job that cannot do without it is
+  /// refused with a sentence naming the drain and `reason`); the jobs it carries run on until
+  /// they leave, and it keeps registering and heartbeating. The drain is stored and survives a
+  /// restart, and a re-registration or a failure does not lift it. not_found for a switch the
+  /// topology lacks, invalid_argument for a reason that is not one line of UTF-8 text of at most
+  /// 200 bytes.
+  Status drain_switch(const std::string& name, bool drain, const std::string& reason);
 
   /// Loads jobs, trees and switches from the store after a restart. Trees are re-reserved
   /// (Allocator::adopt) but not re-installed: the switches still hold them and their traffic
