@@ -40,9 +40,9 @@ namespace {
 // Retransmission: by default each chunk's first timeout comes from the adaptive timer
 // (RtoEstimator: the measured per-chunk latency, 10 ms before the first sample, within 2 to
 // 32 ms); TREEDUCE_RTO_US fixes it instead. The backoff doubles it up to 128 ms. A chunk that
-// gets no answer is sent 1 + 30 times over 2 + (4 + ... + 128) + 24 x 128 = 3326 ms (first
-// timeout at the 2 ms floor) to 32 + 64 + 29 x 128 = 3808 ms (at the 32 ms ceiling): a dead
-// switch fails the operation (or starts the fallback) 3.3 to 3.8 s after its last answer
+// gets no answer is sent 1 + 80 times over 2 + (4 + ... + 128) + 74 x 128 = 9726 ms (first
+// timeout at the 2 ms floor) to 32 + 64 + 79 x 128 = 10208 ms (at the 32 ms ceiling): a dead
+// switch fails the operation (or starts the fallback) 9.7 to 10.2 s after its last answer
 // (docs/host.md, "Failures").
 constexpr std::uint64_t kRtoMaxNs = 128'000'000;
 

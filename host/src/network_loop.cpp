@@ -146,7 +146,7 @@ std::string NetworkLoop::no_answer() const {
   const std::string ip = leaf_address_.substr(0, leaf_address_.rfind(':'));
   std::string s = "the network stopped answering: a chunk sent to the leaf switch at " +
                   leaf_address_ + " got no result after " + std::to_string(kMaxRetries) +
-                  " retransmissions (3.3 to 3.8 s at the default timeout); ";
+                  " retransmissions (9.7 to 10.2 s at the default timeout); ";
   if (st.results == 0) {
     s += "no result ever came back to this rank, so check the route from this host to " + ip +
          " (ip route get " + ip + "), that " + leaf_address_ +

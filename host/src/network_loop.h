@@ -17,8 +17,10 @@
 
 namespace treeduce::host {
 
-/// A chunk that gets no answer is sent 1 + kMaxRetries times (docs/host.md, "Failures").
-inline constexpr std::uint32_t kMaxRetries = 30;
+/// A chunk that gets no answer is sent 1 + kMaxRetries times (docs/host.md, "Failures"): about
+/// 10 s of silence, so that ranks and a switch descheduled for seconds on a shared machine are
+/// not taken for dead (30, about 3.5 s, was not enough on 2 busy vCPUs).
+inline constexpr std::uint32_t kMaxRetries = 80;
 
 /// Where a stream of operations comes from and where their completions go.
 class StreamSource {
