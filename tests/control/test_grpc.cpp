@@ -799,7 +799,7 @@ const std::string& certs() {
     const std::string make =
         std::string(TREEDUCE_SOURCE_ROOT) + "/deploy/examples/make-certs.sh " + d + " ";
     for (const std::string what :
-         {"ca", "treeduce-manager IP:127.0.0.1", "treeduce-admin", "leaf0", "job"})
+         {"ca", "treeduce-manager IP:127.0.0.1", "treeduce-admin", "leaf0", "job", "job2"})
       EXPECT_EQ(std::system((make + what + " >/dev/null").c_str()), 0) << what;
     return d;
   }();
@@ -928,6 +928,56 @@ TEST_F(TlsManager, IdentitiesDecideWhoMayDoWhat) {
             "certificate names the switch (CN).");
   EXPECT_EQ(register_as("job", "leaf0").error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_TRUE(register_as("leaf0", "leaf0").ok());
+}
+
+// A job belongs to the identity of its first Join: another certificate of the CA can neither
+// join it nor abort it without its credential; an abort it makes for a job not yet known does not
+// touch the job another identity then starts; the owner's own abort works.
+TEST_F(TlsManager, AJobBelongsToTheIdentityThatStartedIt) {
+  const auto join_as = [&](const std::string& who, const std::string& job, std::uint32_t rank) {
+    grpc::ClientContext ctx;
+    pb::JoinRequest r;
+    r.set_job(job);
+    r.set_rank(rank);
+    r.set_world_size(3);  // rank 2 never comes: the job stays gathering (no switch to install on)
+    r.set_host("h" + std::to_string(rank));
+    r.set_port(5000);
+    r.set_wait_ms(1);  // returns DEADLINE_EXCEEDED at once; the rank stays joined
+    pb::JoinReply rep;
+    return pb::JobService::NewStub(channel(who))->Join(&ctx, r, &rep);
+  };
+  const auto abort_as = [&](const std::string& who, const std::string& job) {
+    grpc::ClientContext ctx;
+    pb::AbortRequest r;
+    r.set_job(job);
+    r.set_reason("TREEDUCE_SLOTS is 3.");
+    pb::AbortReply rep;
+    return pb::JobService::NewStub(channel(who))->Abort(&ctx, r, &rep);
+  };
+  EXPECT_EQ(join_as("job", "j", 0).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  grpc::Status s = join_as("job2", "j", 1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Job 'j' belongs to identity 'job'; identity 'job2' cannot join it (a job's ranks "
+            "share one identity; pick another job name).");
+  s = abort_as("job2", "j");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Job 'j' belongs to identity 'job'; identity 'job2' cannot abort it (a job's ranks "
+            "share one identity; pick another job name).");
+  EXPECT_EQ(join_as("job", "j", 1).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << "the refused calls left the job gathering";
+
+  // job2 aborts a job not yet known; the ranks of 'job' that then start 'k' never see it.
+  ASSERT_TRUE(abort_as("job2", "k").ok());
+  EXPECT_EQ(join_as("job", "k", 0).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The owner's abort without a credential fails its gathering job for every rank.
+  ASSERT_TRUE(abort_as("job", "k").ok());
+  s = join_as("job", "k", 1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "A rank of job 'k' cannot start: TREEDUCE_SLOTS is 3. Fix its environment and start "
+            "the job again.");
 }
 
 // The daemon refuses to start without certificates unless told --insecure, in one sentence.
