@@ -387,6 +387,11 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
     if (auto s = number(v, 0, 128000, &us); !s.ok()) return s;
     o.rto_us = std::uint32_t(us);
   }
+  if (const Var v = first_of({"TREEDUCE_MAX_RETRIES"}); v.name) {
+    std::uint64_t n = 0;
+    if (auto s = number(v, 1, 1000, &n); !s.ok()) return s;
+    o.max_retries = std::uint32_t(n);
+  }
   if (const Var v = first_of({"TREEDUCE_PATH"}); v.name) {
     if (v.value == "auto") {
       o.path = Path::auto_select;

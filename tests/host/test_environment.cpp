@@ -63,6 +63,7 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   set("TREEDUCE_SLOTS", "64");
   set("TREEDUCE_PAYLOAD_BYTES", "8192");
   set("TREEDUCE_RTO_US", "10000");
+  set("TREEDUCE_MAX_RETRIES", "30");
   set("TREEDUCE_DETERMINISTIC", "1");
   Options o;
   const treeduce::Status s = parse(&o);
@@ -80,6 +81,7 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   EXPECT_EQ(o.slots, 64u);
   EXPECT_EQ(o.payload_bytes, 8192u);
   EXPECT_EQ(o.rto_us, 10000u);
+  EXPECT_EQ(o.max_retries, 30u);
   EXPECT_TRUE(o.deterministic);
 }
 
@@ -178,6 +180,11 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   set("TREEDUCE_RTO_US", "5ms");
   expect_error("TREEDUCE_RTO_US is '5ms', not a whole number from 0 to 128000.");
   set("TREEDUCE_RTO_US", "5000");
+  set("TREEDUCE_MAX_RETRIES", "0");
+  expect_error("TREEDUCE_MAX_RETRIES is '0', not a whole number from 1 to 1000.");
+  set("TREEDUCE_MAX_RETRIES", "1001");
+  expect_error("TREEDUCE_MAX_RETRIES is '1001', not a whole number from 1 to 1000.");
+  set("TREEDUCE_MAX_RETRIES", "20");
   set("TREEDUCE_DETERMINISTIC", "yes");
   expect_error("TREEDUCE_DETERMINISTIC is 'yes', not a whole number from 0 to 1.");
   set("TREEDUCE_DETERMINISTIC", "0");
@@ -188,6 +195,7 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   EXPECT_EQ(o.slots, 32u);
   EXPECT_EQ(o.payload_bytes, 4096u);
   EXPECT_EQ(o.rto_us, 5000u);
+  EXPECT_EQ(o.max_retries, 20u);
 }
 
 TEST_F(Environment, AFailureLeavesTheOptionsUntouched) {
