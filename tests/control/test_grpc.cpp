@@ -980,6 +980,56 @@ TEST_F(TlsManager, AJobBelongsToTheIdentityThatStartedIt) {
             "the job again.");
 }
 
+// Renewed certificates take effect without a restart: the manager's CA, certificate and key are
+// replaced by those of another CA (each file renamed into place, as docs/deploy.md says); new
+// connections then need the new CA's certificates and the old ones are refused.
+TEST(TlsRenewal, AManagerUsesReplacedCertificatesWithoutARestart) {
+  namespace fs = std::filesystem;
+  const std::string dir = temp_dir("renew");
+  const std::string make = std::string(TREEDUCE_SOURCE_ROOT) + "/deploy/examples/make-certs.sh ";
+  for (const std::string ca : {"old", "new"})
+    for (const std::string what : {"ca", "treeduce-manager IP:127.0.0.1", "job"})
+      ASSERT_EQ(std::system((make + dir + "/" + ca + " " + what + " >/dev/null").c_str()), 0);
+  const auto place = [&](const std::string& ca) {  // the manager's files, each renamed in place
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"ca.pem", "ca.pem"},
+                                   {"treeduce-manager.key", "manager.key"},
+                                   {"treeduce-manager.pem", "manager.pem"}}) {
+      fs::copy_file(dir + "/" + ca + "/" + from, dir + "/tmp",
+                    fs::copy_options::overwrite_existing);
+      fs::rename(dir + "/tmp", dir + "/" + to);
+    }
+  };
+  place("old");
+  Topology topo = *load_topology_yaml(doc_yaml());
+  GrpcSwitchClient client{1000, {}};
+  RegistryOptions o;
+  o.require_registration = false;
+  JobRegistry reg(topo, client, o);
+  tls::TlsOptions mine{dir + "/ca.pem", dir + "/manager.pem", dir + "/manager.key", false};
+  mine.reload_seconds = 1;
+  ManagerServer server(reg, "127.0.0.1:0", 25, mine);
+  ASSERT_TRUE(server.ok()) << server.error();
+  const std::string addr = "127.0.0.1:" + std::to_string(server.port());
+  const auto list_as = [&](const std::string& ca) {  // a new channel: a new handshake
+    const std::string d = dir + "/" + ca + "/";
+    std::string error;
+    auto c = tls::channel_credentials({d + "ca.pem", d + "job.pem", d + "job.key", false}, &error);
+    EXPECT_TRUE(c) << error;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::SwitchList sl;
+    return pb::Query::NewStub(grpc::CreateChannel(addr, c))
+        ->ListSwitches(&ctx, pb::ListRequest(), &sl);
+  };
+  EXPECT_TRUE(list_as("old").ok());
+  EXPECT_EQ(list_as("new").error_code(), grpc::StatusCode::UNAVAILABLE);
+  place("new");
+  EXPECT_TRUE(eventually([&] { return list_as("new").ok(); }, 120000))
+      << "the manager never took the new certificates";
+  EXPECT_EQ(list_as("old").error_code(), grpc::StatusCode::UNAVAILABLE);
+  fs::remove_all(dir);
+}
+
 // The daemon refuses to start without certificates unless told --insecure, in one sentence.
 TEST(ManagerProcess, RefusesToStartWithoutCertificatesOrInsecure) {
   const std::string dir = temp_dir("notls");
