@@ -93,7 +93,7 @@ bool peer_authenticated(const grpc::ServerContext& ctx) {
   return auth && auth->IsPeerAuthenticated();
 }
 
-TlsOptions from_environment() {
+TlsOptions from_environment(std::string* error) {
   const auto get = [](const char* n) {
     const char* v = std::getenv(n);
     return v ? std::string(v) : std::string();
@@ -102,7 +102,10 @@ TlsOptions from_environment() {
   o.ca = get("TREEDUCE_TLS_CA");
   o.cert = get("TREEDUCE_TLS_CERT");
   o.key = get("TREEDUCE_TLS_KEY");
-  o.insecure = get("TREEDUCE_INSECURE") == "1";
+  const std::string insecure = get("TREEDUCE_INSECURE");
+  o.insecure = insecure == "1";
+  if (!insecure.empty() && insecure != "0" && insecure != "1" && error != nullptr)
+    *error = "TREEDUCE_INSECURE is '" + insecure + "'; it must be 0 or 1.";
   return o;
 }
 

@@ -58,8 +58,9 @@ std::string peer_name(const grpc::ServerContext& ctx);
 /// True when the call came over TLS (the server runs with certificates).
 bool peer_authenticated(const grpc::ServerContext& ctx);
 
-/// TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY and TREEDUCE_INSECURE=1 (libtreeduce,
-/// the CLI and the lab's tools read these).
-TlsOptions from_environment();
+/// TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY and TREEDUCE_INSECURE (libtreeduce,
+/// the CLI and the lab's tools read these). TREEDUCE_INSECURE is 1, or 0 / empty / unset; any
+/// other value leaves `insecure` false and puts a sentence in `*error` (when given).
+TlsOptions from_environment(std::string* error = nullptr);
 
 }  // namespace treeduce::tls

@@ -170,12 +170,16 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   set("TREEDUCE_SLOTS", "48");
   expect_error("TREEDUCE_SLOTS is 48; it must be a power of two from 1 to 4096.");
   set("TREEDUCE_SLOTS", "8192");
-  expect_error("TREEDUCE_SLOTS is '8192', not a whole number from 0 to 4096.");
+  expect_error("TREEDUCE_SLOTS is 8192; it must be a power of two from 1 to 4096.");
+  set("TREEDUCE_SLOTS", "3");
+  expect_error("TREEDUCE_SLOTS is 3; it must be a power of two from 1 to 4096.");
+  set("TREEDUCE_SLOTS", "0");
+  expect_error("TREEDUCE_SLOTS is 0; it must be a power of two from 1 to 4096.");
   set("TREEDUCE_SLOTS", "32");
   set("TREEDUCE_PAYLOAD_BYTES", "128");
   expect_error("TREEDUCE_PAYLOAD_BYTES is 128; it must be a power of two from 256 to 8192.");
   set("TREEDUCE_PAYLOAD_BYTES", "9000");
-  expect_error("TREEDUCE_PAYLOAD_BYTES is '9000', not a whole number from 0 to 8192.");
+  expect_error("TREEDUCE_PAYLOAD_BYTES is 9000; it must be a power of two from 256 to 8192.");
   set("TREEDUCE_PAYLOAD_BYTES", "4096");
   set("TREEDUCE_RTO_US", "5ms");
   expect_error("TREEDUCE_RTO_US is '5ms', not a whole number from 0 to 128000.");
