@@ -47,9 +47,11 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
       t->kind = TransportKind::dpdk;
     } else if (v.value == "verbs") {
       t->kind = TransportKind::verbs;
+    } else if (v.value == "af_xdp") {
+      t->kind = TransportKind::af_xdp;
     } else {
       return invalid_argument("TREEDUCE_TRANSPORT is '" + v.value +
-                              "'; it must be udp, dpdk or verbs.");
+                              "'; it must be udp, dpdk, verbs or af_xdp.");
     }
   }
   std::uint64_t x = 0;
@@ -70,6 +72,25 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
     t->verbs_port = std::uint8_t(x);
   }
   if (const Var v = var({"TREEDUCE_VERBS_DEVICE"}); v.name) t->verbs_device = v.value;
+  if (const Var v = var({"TREEDUCE_XDP_INTERFACE"}); v.name) t->xdp_interface = v.value;
+  if (const Var v = var({"TREEDUCE_XDP_QUEUE"}); v.name) {
+    if (auto s = number(v, 0, 255, &x); !s.ok()) return s;
+    t->xdp_queue = std::uint32_t(x);
+  }
+  if (const Var v = var({"TREEDUCE_XDP_MODE"}); v.name) {
+    if (v.value == "auto") {
+      t->xdp_mode = XdpMode::auto_select;
+    } else if (v.value == "native") {
+      t->xdp_mode = XdpMode::native;
+    } else if (v.value == "skb") {
+      t->xdp_mode = XdpMode::skb;
+    } else if (v.value == "zerocopy") {
+      t->xdp_mode = XdpMode::zerocopy;
+    } else {
+      return invalid_argument("TREEDUCE_XDP_MODE is '" + v.value +
+                              "'; it must be auto, native, skb or zerocopy.");
+    }
+  }
   if (const Var v = var({"TREEDUCE_DPDK_PORT"}); v.name) t->dpdk_port = v.value;
   if (const Var v = var({"TREEDUCE_DPDK_EAL"}); v.name) t->dpdk_eal = v.value;
   if (const Var v = var({"TREEDUCE_LOCAL_MAC"}); v.name) t->local_mac = v.value;
