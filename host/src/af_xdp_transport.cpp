@@ -19,10 +19,19 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "next_hop.h"
 #include "treeduce/protocol/wire.h"
+
+// AF_XDP multi-buffer (Linux 6.6), newer than Debian 12's kernel headers.
+#ifndef XDP_USE_SG
+#define XDP_USE_SG (1 << 4)
+#endif
+#ifndef XDP_PKT_CONTD
+#define XDP_PKT_CONTD (1 << 0)
+#endif
 
 namespace treeduce::host {
 
@@ -72,11 +81,18 @@ std::uint64_t counter(bpf_object* obj, std::uint32_t which) {
 
 LoadedXdpProgram::~LoadedXdpProgram() { bpf_object__close(obj_); }
 
-std::string LoadedXdpProgram::load(std::uint32_t ip, std::uint16_t port) {
+std::string LoadedXdpProgram::load(std::uint32_t ip, std::uint16_t port, bool frags) {
+  bpf_object__close(obj_);  // a load again replaces the last
   LIBBPF_OPTS(bpf_object_open_opts, o, .object_name = "treeduce_xdp");
   obj_ = bpf_object__open_mem(kTreeduceXdpObject, kTreeduceXdpObjectSize, &o);
   if (obj_ == nullptr) {
     return std::string("Opening the embedded XDP program failed: ") + std::strerror(errno) + ".";
+  }
+  if (frags) {
+    // Frames longer than one buffer (multi-buffer XDP): the program reads only the headers, in
+    // the first buffer, so it takes them as they are.
+    bpf_program* p = bpf_object__find_program_by_name(obj_, "treeduce_xdp");
+    if (p != nullptr) bpf_program__set_flags(p, bpf_program__flags(p) | BPF_F_XDP_HAS_FRAGS);
   }
   if (const int e = bpf_object__load(obj_); e != 0) {
     bpf_object__close(obj_);
@@ -110,6 +126,9 @@ std::uint64_t LoadedXdpProgram::no_socket() const noexcept { return counter(obj_
 namespace {
 
 constexpr std::size_t kBatch = 64;
+// Most descriptors one frame takes in multi-buffer mode: 8266 bytes in 4 KiB frames less the
+// kernel's headroom on receive is 3.
+constexpr std::size_t kMaxDescs = 4;
 // A full TX ring gets this long to drain before the rest of the batch counts as lost (as a full
 // socket buffer does in the UDP transport).
 constexpr auto kTxDrainBound = std::chrono::milliseconds(100);
@@ -123,6 +142,22 @@ std::string mac_text(const std::uint8_t m[6]) {
 class AfXdpTransport final : public Transport {
  public:
   ~AfXdpTransport() override {
+    // What the kernel dropped on the way to the socket, with TREEDUCE_DEBUG (docs/host.md,
+    // "Logging").
+    if (xsk_ != nullptr && std::getenv("TREEDUCE_DEBUG") != nullptr) {
+      xdp_statistics st{};
+      socklen_t len = sizeof st;
+      if (getsockopt(xsk_socket__fd(xsk_), SOL_XDP, XDP_STATISTICS, &st, &len) == 0) {
+        std::fprintf(stderr,
+                     "treeduce: debug: af_xdp on %s: %llu dropped, %llu invalid, %llu RX ring "
+                     "full, %llu fill ring empty, %llu matched on a queue without the socket\n",
+                     ifname_.c_str(), static_cast<unsigned long long>(st.rx_dropped),
+                     static_cast<unsigned long long>(st.rx_invalid_descs + st.tx_invalid_descs),
+                     static_cast<unsigned long long>(st.rx_ring_full),
+                     static_cast<unsigned long long>(st.rx_fill_ring_empty_descs),
+                     static_cast<unsigned long long>(program_.no_socket()));
+      }
+    }
     if (xsk_ != nullptr) xsk_socket__delete(xsk_);
     if (link_fd_ >= 0) close(link_fd_);
     if (umem_ != nullptr) xsk_umem__delete(umem_);
@@ -146,10 +181,16 @@ class AfXdpTransport final : public Transport {
     const std::size_t frame = proto::kFrameHeaderBytes + opt.payload_bytes;
     // A UMEM frame holds the kernel's XDP headroom and one whole Ethernet frame.
     chunk_ = frame + XDP_PACKET_HEADROOM <= 2048 ? 2048 : 4096;
-    if (opt.payload_bytes == 0 || frame + XDP_PACKET_HEADROOM > chunk_) {
-      return "The af_xdp transport carries payloads of 1 to 2048 bytes (a frame must fit one "
-             "4 KiB UMEM frame), not " +
-             std::to_string(opt.payload_bytes) + "; set TREEDUCE_PAYLOAD_BYTES=2048 or less.";
+    if (opt.payload_bytes == 0 || opt.payload_bytes > proto::kMaxPayloadBytes) {
+      return "The payload size must be from 1 to " + std::to_string(proto::kMaxPayloadBytes) +
+             " bytes, not " + std::to_string(opt.payload_bytes) + ".";
+    }
+    // A frame longer than one UMEM frame goes in several buffers (AF_XDP multi-buffer).
+    sg_ = frame + XDP_PACKET_HEADROOM > chunk_;
+    frame_bytes_ = frame;
+    if (sg_) {
+      rx_copy_.resize(kBatch * frame);
+      tx_copy_.resize(frame);
     }
     if (opt.frames < 128 || opt.frames > 65536 || (opt.frames & (opt.frames - 1)) != 0) {
       return "The UMEM must have a power of two from 128 to 65536 frames, not " +
@@ -175,7 +216,13 @@ class AfXdpTransport final : public Transport {
 
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return std::string("eventfd failed: ") + std::strerror(errno) + ".";
-    if (std::string e = program_.load(self_.ip, self_.port); !e.empty()) return e;
+    // The program takes multi-buffer frames whenever the kernel can (Linux 5.18): native XDP
+    // on veth refuses a program without them above an MTU of about a page. Where the kernel
+    // cannot, and frames fit one buffer, without.
+    if (std::string e = program_.load(self_.ip, self_.port, true); !e.empty()) {
+      if (sg_) return e;
+      if (std::string e2 = program_.load(self_.ip, self_.port, false); !e2.empty()) return e2;
+    }
     if (std::string e = attach(opt.mode); !e.empty()) return e;
 
     rx_frames_ = opt.frames / 2;
@@ -234,24 +281,19 @@ class AfXdpTransport final : public Transport {
     auto deadline = std::chrono::steady_clock::time_point::max();
     while (done < n) {
       reap_completions();
-      const std::uint32_t want =
-          std::min<std::uint32_t>(static_cast<std::uint32_t>(n - done), tx_pool_->free());
-      std::uint32_t idx = 0;
-      const std::uint32_t k = want == 0 ? 0 : xsk_ring_prod__reserve(&tx_, want, &idx);
-      for (std::uint32_t j = 0; j < k; ++j) {
-        const OutPacket& pk = p[done + j];
-        std::uint64_t addr = 0;
-        tx_pool_->take(&addr);
-        const std::size_t len =
-            proto::build_frame(static_cast<std::uint8_t*>(xsk_umem__get_data(area_, addr)), self_,
-                               leaf_, pk.td, pk.payload, pk.payload_len);
-        xdp_desc* d = xsk_ring_prod__tx_desc(&tx_, idx + j);
-        d->addr = addr;
-        d->len = static_cast<std::uint32_t>(len);
-        d->options = 0;
+      // As many packets as there are free frames for (one each, or several in multi-buffer).
+      std::uint32_t k = 0, descs = 0;
+      while (done + k < n) {
+        const std::uint32_t d = descs_for(p[done + k]);
+        if (descs + d > tx_pool_->free()) break;
+        descs += d;
+        ++k;
       }
+      std::uint32_t idx = 0;
+      if (descs != 0 && xsk_ring_prod__reserve(&tx_, descs, &idx) != descs) k = descs = 0;
+      for (std::uint32_t j = 0; j < k; ++j) idx = put_frame(p[done + j], idx);
       if (k != 0) {
-        xsk_ring_prod__submit(&tx_, k);
+        xsk_ring_prod__submit(&tx_, descs);
         done += k;
         stats_.sent += k;
         deadline = std::chrono::steady_clock::time_point::max();
@@ -371,8 +413,8 @@ class AfXdpTransport final : public Transport {
       sc.rx_size = rx_frames_;
       sc.tx_size = tx_frames_;
       sc.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD;
-      sc.bind_flags =
-          static_cast<std::uint16_t>(XDP_USE_NEED_WAKEUP | (zc ? XDP_ZEROCOPY : XDP_COPY));
+      sc.bind_flags = static_cast<std::uint16_t>(
+          XDP_USE_NEED_WAKEUP | (zc ? XDP_ZEROCOPY : XDP_COPY) | (sg_ ? XDP_USE_SG : 0));
       int e = xsk_socket__create(&xsk_, ifname_.c_str(), queue_, umem_, &rx_, &tx_, &sc);
       // The kernel lets go of a queue when the last socket on it is freed, in deferred work
       // after close (and after its copy-mode frames are freed): a transport made right after
@@ -393,6 +435,12 @@ class AfXdpTransport final : public Transport {
         zc_refused = std::strerror(-e);
         continue;
       }
+      if (e == -EINVAL && sg_) {
+        return "Binding an AF_XDP socket to " + ifname_ + " with frames of " +
+               std::to_string(frame_bytes_) + " bytes failed (" + std::strerror(-e) +
+               "); payloads above 2048 bytes need AF_XDP multi-buffer (Linux 6.6 or later): set "
+               "TREEDUCE_PAYLOAD_BYTES=2048 or less.";
+      }
       if (e == -EINVAL && queue_ != 0) {
         return "Binding an AF_XDP socket to queue " + std::to_string(queue_) + " of " + ifname_ +
                " failed (" + std::strerror(-e) + "); does the interface have that queue?";
@@ -406,6 +454,39 @@ class AfXdpTransport final : public Transport {
              ").";
     }
     return "The af_xdp transport was asked for zero-copy, which needs native XDP: " + mode_ + ".";
+  }
+
+  // TX descriptors (UMEM frames) the frame of `p` takes.
+  std::uint32_t descs_for(const OutPacket& p) const noexcept {
+    if (!sg_) return 1;
+    const std::size_t len = proto::kFrameHeaderBytes + p.payload_len;
+    return static_cast<std::uint32_t>((len + chunk_ - 1) / chunk_);
+  }
+
+  // Writes the frame of `p` into free TX frames at ring index `idx` on; the next index.
+  std::uint32_t put_frame(const OutPacket& p, std::uint32_t idx) {
+    const std::uint32_t nd = descs_for(p);
+    std::uint64_t addr = 0;
+    if (nd == 1) {
+      tx_pool_->take(&addr);
+      const std::size_t len =
+          proto::build_frame(static_cast<std::uint8_t*>(xsk_umem__get_data(area_, addr)), self_,
+                             leaf_, p.td, p.payload, p.payload_len);
+      *xsk_ring_prod__tx_desc(&tx_, idx) = {addr, static_cast<std::uint32_t>(len), 0};
+      return idx + 1;
+    }
+    // Multi-buffer: the frame built once, then cut into UMEM frames, every descriptor but the
+    // last marked as continued.
+    const std::size_t len =
+        proto::build_frame(tx_copy_.data(), self_, leaf_, p.td, p.payload, p.payload_len);
+    for (std::size_t off = 0; off < len; off += chunk_, ++idx) {
+      tx_pool_->take(&addr);
+      const std::size_t piece = std::min<std::size_t>(chunk_, len - off);
+      std::memcpy(xsk_umem__get_data(area_, addr), tx_copy_.data() + off, piece);
+      *xsk_ring_prod__tx_desc(&tx_, idx) = {addr, static_cast<std::uint32_t>(piece),
+                                            off + piece < len ? XDP_PKT_CONTD : 0u};
+    }
+    return idx;
   }
 
   // Makes the kernel send what the TX ring holds. In copy mode one sendto() sends a bounded
@@ -453,17 +534,44 @@ class AfXdpTransport final : public Transport {
     }
   }
 
-  // Up to kBatch datagrams from the RX ring, returned where they lie in their UMEM frames.
+  // Up to kBatch datagrams from the RX ring, returned where they lie in their UMEM frames (or,
+  // a frame in several buffers, copied together).
   std::size_t drain() {
     std::uint32_t idx = 0;
-    const std::uint32_t k = xsk_ring_cons__peek(&rx_, kBatch, &idx);
+    const std::uint32_t k = xsk_ring_cons__peek(&rx_, kBatch * kMaxDescs, &idx);
     std::size_t out = 0;
-    for (std::uint32_t i = 0; i < k; ++i) {
+    std::uint32_t i = 0;
+    while (i < k && out < kBatch) {
+      // The frame's descriptors: all but its last marked as continued.
+      std::uint32_t last = i;
+      while (last < k && (xsk_ring_cons__rx_desc(&rx_, idx + last)->options & XDP_PKT_CONTD) != 0)
+        ++last;
+      if (last == k) break;  // the rest of this frame is not in the ring yet
       const xdp_desc* d = xsk_ring_cons__rx_desc(&rx_, idx + i);
-      held_[nheld_++] = xsk_umem__extract_addr(d->addr);
       const auto* frame = static_cast<const std::uint8_t*>(xsk_umem__get_data(area_, d->addr));
+      std::size_t len = d->len;
+      const bool pieces = last != i;
+      if (pieces) {
+        std::uint8_t* copy = rx_copy_.data() + out * frame_bytes_;
+        len = 0;
+        for (std::uint32_t j = i; j <= last; ++j) {
+          const xdp_desc* dj = xsk_ring_cons__rx_desc(&rx_, idx + j);
+          if (len + dj->len <= frame_bytes_) {
+            std::memcpy(copy + len, xsk_umem__get_data(area_, dj->addr), dj->len);
+          }
+          len += dj->len;
+        }
+        frame = copy;
+      }
+      for (std::uint32_t j = i; j <= last; ++j) {
+        held_[nheld_++] = xsk_umem__extract_addr(xsk_ring_cons__rx_desc(&rx_, idx + j)->addr);
+      }
+      i = last + 1;
       proto::Parsed ps;
-      const proto::Reason r = proto::parse_frame(frame, d->len, self_.ip, self_.port, &ps);
+      // A frame in pieces longer than ours was not copied whole: foreign.
+      const proto::Reason r = pieces && len > frame_bytes_
+                                  ? proto::Reason::too_short
+                                  : proto::parse_frame(frame, len, self_.ip, self_.port, &ps);
       if ((r != proto::Reason::none && r != proto::Reason::bad_version) || ps.src_ip != leaf_.ip ||
           ps.src_port != leaf_.port || ps.payload_len > payload_bytes_) {
         ++stats_.foreign;
@@ -472,7 +580,8 @@ class AfXdpTransport final : public Transport {
       rx_out_[out++] = {ps.payload - sizeof(proto::TdHdr), sizeof(proto::TdHdr) + ps.payload_len};
       ++stats_.received;
     }
-    if (k != 0) xsk_ring_cons__release(&rx_, k);
+    if (i < k) xsk_ring_cons__cancel(&rx_, k - i);
+    if (i != 0) xsk_ring_cons__release(&rx_, i);
     return out;
   }
 
@@ -495,7 +604,11 @@ class AfXdpTransport final : public Transport {
   xsk_ring_prod fill_{}, tx_{};
   xsk_ring_cons comp_{}, rx_{};
   std::unique_ptr<detail::FramePool> tx_pool_;
-  std::array<std::uint64_t, kBatch> held_{};  // RX frames of the last receive()
+  bool sg_ = false;                    // frames span several UMEM frames (multi-buffer)
+  std::size_t frame_bytes_ = 0;        // our largest frame
+  std::vector<std::uint8_t> rx_copy_;  // multi-buffer: kBatch frames made contiguous
+  std::vector<std::uint8_t> tx_copy_;  // multi-buffer: one frame before it is cut
+  std::array<std::uint64_t, kBatch * kMaxDescs> held_{};  // RX frames of the last receive()
   std::uint32_t nheld_ = 0;
   std::array<RxDatagram, kBatch> rx_out_{};
   TransportStats stats_;

@@ -88,8 +88,9 @@ class FramePool {
 class LoadedXdpProgram {
  public:
   ~LoadedXdpProgram();
-  /// "" or a sentence.
-  std::string load(std::uint32_t ip, std::uint16_t port);
+  /// "" or a sentence. `frags`: the program takes frames in several buffers (multi-buffer XDP,
+  /// Linux 5.18). Loading again replaces what was loaded.
+  std::string load(std::uint32_t ip, std::uint16_t port, bool frags = false);
   int program_fd() const noexcept;
   int xsk_map_fd() const noexcept;
   /// The program's counters: frames that matched, and of those, found no socket.
