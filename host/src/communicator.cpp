@@ -166,9 +166,8 @@ class CommunicatorImpl final : public Communicator {
       jr.host = opt_.host;
       jr.port = port();
       jr.slots = opt_.slots;
-      jr.payload_bytes = opt_.payload_bytes != 0 ? opt_.payload_bytes
-                                                 : std::min(payload_for_path(local_ip()),
-                                                            max_payload_bytes(opt_.transport.kind));
+      jr.payload_bytes =
+          opt_.payload_bytes != 0 ? opt_.payload_bytes : payload_for_path(local_ip());
       jr.deterministic = opt_.deterministic;
       jr.wait_ms = opt_.join_timeout_ms;
       const JoinOutcome o = manager_->join(jr);

@@ -28,10 +28,6 @@ const char* name(TransportKind k) noexcept {
   return "unknown";
 }
 
-std::uint32_t max_payload_bytes(TransportKind k) noexcept {
-  return k == TransportKind::af_xdp ? 2048 : static_cast<std::uint32_t>(proto::kMaxPayloadBytes);
-}
-
 treeduce::Result<std::unique_ptr<Transport>> make_transport(const TransportOptions& opt,
                                                             const TransportEndpoints& at) {
   std::string err;

@@ -73,11 +73,6 @@ treeduce::Result<std::unique_ptr<Transport>> make_transport(const TransportOptio
 /// (defined in udp_transport.cpp; every transport uses it).
 bool parse_ipv4_endpoint(const std::string& s, std::uint32_t* ip, std::uint16_t* port);
 
-/// The largest payload the transport `k` carries (a power of two): what a default payload size
-/// (Options::payload_bytes 0, from the MTU) is capped at. 2048 for af_xdp (one frame per 4 KiB
-/// UMEM frame), the protocol's 8192 for the others.
-std::uint32_t max_payload_bytes(TransportKind k) noexcept;
-
 /// "udp", "dpdk", "verbs", "af_xdp".
 const char* name(TransportKind k) noexcept;
 
