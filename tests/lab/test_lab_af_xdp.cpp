@@ -2,8 +2,9 @@
 // treeduce binary: four ranks, each an AF_XDP socket on its namespace's eth0 (a veth whose peer
 // the switch reads with net_af_packet), verified allreduces in the network, the manager reached
 // over the management interface while the XDP program sits on the data one and ARP for the leaf
-// done by the kernel; and a configuration the transport cannot start with (no such interface),
-// which falls back to the host path loudly and still computes the right result. Needs root.
+// done by the kernel; a configuration the transport cannot start with (no such interface),
+// which falls back to the host path loudly and still computes the right result; and the same
+// allreduces with jumbo frames (8 KiB payloads over AF_XDP multi-buffer). Needs root.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -67,6 +68,17 @@ TEST_F(LabAfXdp, FourRanksReduceExactlyOverAfXdpAndABadInterfaceFallsBackLoudly)
         std::string::npos)
         << r.err;
   }
+  EXPECT_EQ(lab({"down", "--name", n}).status, 0);
+
+  // Jumbo frames: 8 KiB payloads (from the MTU), three UMEM frames per packet (multi-buffer).
+  n += "j";
+  r = lab({"up", "--leaf", "4", "--mtu", "8300", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  run[2] = n;
+  r = lab(run, "TREEDUCE_TRANSPORT=af_xdp TREEDUCE_PATH=network");
+  expect_exact(r, "network");
+  EXPECT_NE(r.err.find("[h0] treeduce: info: af_xdp transport on eth0 "), std::string::npos)
+      << r.err;
   EXPECT_EQ(lab({"down", "--name", n}).status, 0);
 }
 
