@@ -260,13 +260,9 @@ class AfXdpTransport final : public Transport {
     return {};
   }
 
-  std::size_t batch() const noexcept override { return kBatch; }
   const TransportStats& stats() const noexcept override { return stats_; }
-
-  void wake() noexcept override {
-    const std::uint64_t one = 1;
-    [[maybe_unused]] const ssize_t r = write(wake_fd_, &one, sizeof one);
-  }
+  std::size_t batch() const noexcept override { return kBatch; }
+  void wake() noexcept override { eventfd_write(wake_fd_, 1); }
 
   std::string send(const OutPacket* p, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) {
@@ -330,8 +326,8 @@ class AfXdpTransport final : public Transport {
       return {};
     }
     if ((pfds[0].revents & POLLIN) != 0) {
-      std::uint64_t v;
-      [[maybe_unused]] const ssize_t r = read(wake_fd_, &v, sizeof v);
+      eventfd_t v;
+      eventfd_read(wake_fd_, &v);
       return {};
     }
     n = drain();
@@ -619,11 +615,8 @@ class AfXdpTransport final : public Transport {
 std::unique_ptr<Transport> make_af_xdp_transport(const AfXdpTransportOptions& opt,
                                                  std::string* error) {
   auto t = std::make_unique<AfXdpTransport>();
-  if (std::string err = t->open(opt); !err.empty()) {
-    *error = err;
-    return nullptr;
-  }
-  return t;
+  *error = t->open(opt);
+  return error->empty() ? std::move(t) : nullptr;
 }
 
 }  // namespace treeduce::host

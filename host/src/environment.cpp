@@ -12,12 +12,14 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <climits>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "environment.h"
@@ -78,18 +80,18 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
     t->xdp_queue = std::uint32_t(x);
   }
   if (const Var v = var({"TREEDUCE_XDP_MODE"}); v.name) {
-    if (v.value == "auto") {
-      t->xdp_mode = XdpMode::auto_select;
-    } else if (v.value == "native") {
-      t->xdp_mode = XdpMode::native;
-    } else if (v.value == "skb") {
-      t->xdp_mode = XdpMode::skb;
-    } else if (v.value == "zerocopy") {
-      t->xdp_mode = XdpMode::zerocopy;
-    } else {
+    static constexpr std::pair<std::string_view, XdpMode> kModes[] = {
+        {"auto", XdpMode::auto_select},
+        {"native", XdpMode::native},
+        {"skb", XdpMode::skb},
+        {"zerocopy", XdpMode::zerocopy}};
+    const auto* m = std::find_if(std::begin(kModes), std::end(kModes),
+                                 [&v](const auto& e) { return e.first == v.value; });
+    if (m == std::end(kModes)) {
       return invalid_argument("TREEDUCE_XDP_MODE is '" + v.value +
                               "'; it must be auto, native, skb or zerocopy.");
     }
+    t->xdp_mode = m->second;
   }
   if (const Var v = var({"TREEDUCE_DPDK_PORT"}); v.name) t->dpdk_port = v.value;
   if (const Var v = var({"TREEDUCE_DPDK_EAL"}); v.name) t->dpdk_eal = v.value;

@@ -81,19 +81,17 @@ treeduce::Result<std::unique_ptr<Transport>> make_transport(const TransportOptio
     }
 #endif
 #ifdef TREEDUCE_HAVE_AF_XDP
-    case TransportKind::af_xdp: {
+    case TransportKind::af_xdp:
       // Frames on a kernel interface; the kernel resolves the leaf's MAC (next_hop.h).
-      AfXdpTransportOptions x;
-      x.interface = opt.xdp_interface;
-      x.queue = opt.xdp_queue;
-      x.mode = opt.xdp_mode;
-      x.local_address = at.bind_address;
-      x.port = at.port;
-      x.leaf_address = at.leaf_address;
-      x.payload_bytes = at.payload_bytes;
-      t = make_af_xdp_transport(x, &err);
+      t = make_af_xdp_transport({.interface = opt.xdp_interface,
+                                 .queue = opt.xdp_queue,
+                                 .mode = opt.xdp_mode,
+                                 .local_address = at.bind_address,
+                                 .port = at.port,
+                                 .leaf_address = at.leaf_address,
+                                 .payload_bytes = at.payload_bytes},
+                                &err);
       break;
-    }
 #endif
     default:
       return unavailable(std::string("This build has no ") + name(opt.kind) +
