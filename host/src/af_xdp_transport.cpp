@@ -126,8 +126,8 @@ std::uint64_t LoadedXdpProgram::no_socket() const noexcept { return counter(obj_
 namespace {
 
 constexpr std::size_t kBatch = 64;
-// Most descriptors one frame takes in multi-buffer mode: 8266 bytes in 4 KiB frames less the
-// kernel's headroom on receive is 3.
+// Descriptors held per returned datagram on average: one of ours (8266 bytes in 4 KiB frames
+// less the kernel's headroom) takes 3; a foreign frame up to the MTU may take up to 17.
 constexpr std::size_t kMaxDescs = 4;
 // A full TX ring gets this long to drain before the rest of the batch counts as lost (as a full
 // socket buffer does in the UDP transport).
@@ -543,6 +543,9 @@ class AfXdpTransport final : public Transport {
       while (last < k && (xsk_ring_cons__rx_desc(&rx_, idx + last)->options & XDP_PKT_CONTD) != 0)
         ++last;
       if (last == k) break;  // the rest of this frame is not in the ring yet
+      // A long foreign frame (up to the interface's MTU) may take more buffers than are left
+      // to hold: it waits for the next receive(), which starts with none held.
+      if (nheld_ + (last - i + 1) > held_.size()) break;
       const xdp_desc* d = xsk_ring_cons__rx_desc(&rx_, idx + i);
       const auto* frame = static_cast<const std::uint8_t*>(xsk_umem__get_data(area_, d->addr));
       std::size_t len = d->len;
