@@ -336,6 +336,13 @@ TEST_F(AfXdpVeth, BadConfigurationsGiveOneSentence) {
   err.clear();
   auto t = make_af_xdp_transport(options(XdpMode::skb), &err);
   EXPECT_NE(t, nullptr) << err;
+  // While it holds the interface's XDP hook, a second one is refused in one sentence.
+  err.clear();
+  auto other = options(XdpMode::skb);
+  other.port = kPort + 5;
+  EXPECT_EQ(make_af_xdp_transport(other, &err), nullptr);
+  EXPECT_NE(err.find("Another XDP program is already attached to td0"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
 }
 
 }  // namespace
