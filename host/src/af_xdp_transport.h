@@ -15,7 +15,9 @@
 // - The UMEM belongs to the transport: frames of 2 KiB (4 KiB for payloads above 1024 bytes),
 //   half of them in the fill ring for receiving, half for sending. A received datagram stays in
 //   its UMEM frame until the next receive() (the engine's copy to the caller's buffer is the only
-//   one); a sent frame comes back through the completion ring.
+//   one); a sent frame comes back through the completion ring. Payloads above 2048 bytes take
+//   several UMEM frames per packet (AF_XDP multi-buffer, XDP_USE_SG, Linux 6.6): a frame is
+//   built once and cut into them to send, and put together from them on receive.
 // - Frames are Ethernet/IPv4/UDP written by proto::build_frame, as the DPDK and verbs transports
 //   write theirs; received frames go through proto::parse_frame. The leaf switch's MAC (or its
 //   gateway's) comes from the kernel's neighbour table (next_hop.h): the kernel does ARP.
@@ -24,7 +26,7 @@
 //   spins.
 // - Needs CAP_NET_ADMIN and CAP_NET_RAW (attaching XDP, the socket), CAP_BPF or CAP_SYS_ADMIN
 //   (loading the program), and CAP_IPC_LOCK or an RLIMIT_MEMLOCK above the UMEM (8 MiB at 2 KiB
-//   frames) on kernels that still charge it. Linux 5.9 or later (XDP links).
+//   frames, 16 MiB at 4 KiB) on kernels that still charge it. Linux 5.9 or later (XDP links).
 #pragma once
 
 #include <cstddef>
