@@ -190,7 +190,6 @@ class AfXdpTransport final : public Transport {
     frame_bytes_ = frame;
     if (sg_) {
       rx_copy_.resize(kBatch * frame);
-      tx_copy_.resize(frame);
     }
     if (opt.frames < 128 || opt.frames > 65536 || (opt.frames & (opt.frames - 1)) != 0) {
       return "The UMEM must have a power of two from 128 to 65536 frames, not " +
@@ -471,14 +470,24 @@ class AfXdpTransport final : public Transport {
       *xsk_ring_prod__tx_desc(&tx_, idx) = {addr, static_cast<std::uint32_t>(len), 0};
       return idx + 1;
     }
-    // Multi-buffer: the frame built once, then cut into UMEM frames, every descriptor but the
-    // last marked as continued.
-    const std::size_t len =
-        proto::build_frame(tx_copy_.data(), self_, leaf_, p.td, p.payload, p.payload_len);
+    // Multi-buffer: the headers written once, then headers and payload cut into UMEM frames,
+    // every descriptor but the last marked as continued.
+    std::uint8_t hdr[proto::kFrameHeaderBytes];
+    proto::write_l2_l4(hdr, self_, leaf_, sizeof(proto::TdHdr) + p.payload_len);
+    proto::store_header(hdr + sizeof hdr - sizeof(proto::TdHdr), p.td);
+    const std::size_t len = sizeof hdr + p.payload_len;
     for (std::size_t off = 0; off < len; off += chunk_, ++idx) {
       tx_pool_->take(&addr);
+      auto* dst = static_cast<std::uint8_t*>(xsk_umem__get_data(area_, addr));
       const std::size_t piece = std::min<std::size_t>(chunk_, len - off);
-      std::memcpy(xsk_umem__get_data(area_, addr), tx_copy_.data() + off, piece);
+      std::size_t from_hdr = 0;  // bytes of this piece that are headers (first piece only)
+      if (off < sizeof hdr) {
+        from_hdr = std::min(piece, sizeof hdr - off);
+        std::memcpy(dst, hdr + off, from_hdr);
+      }
+      if (from_hdr < piece) {
+        std::memcpy(dst + from_hdr, p.payload + (off + from_hdr - sizeof hdr), piece - from_hdr);
+      }
       *xsk_ring_prod__tx_desc(&tx_, idx) = {addr, static_cast<std::uint32_t>(piece),
                                             off + piece < len ? XDP_PKT_CONTD : 0u};
     }
@@ -606,7 +615,6 @@ class AfXdpTransport final : public Transport {
   bool sg_ = false;                    // frames span several UMEM frames (multi-buffer)
   std::size_t frame_bytes_ = 0;        // our largest frame
   std::vector<std::uint8_t> rx_copy_;  // multi-buffer: kBatch frames made contiguous
-  std::vector<std::uint8_t> tx_copy_;  // multi-buffer: one frame before it is cut
   std::array<std::uint64_t, kBatch * kMaxDescs> held_{};  // RX frames of the last receive()
   std::uint32_t nheld_ = 0;
   std::array<RxDatagram, kBatch> rx_out_{};

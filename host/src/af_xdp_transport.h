@@ -16,8 +16,8 @@
 //   half of them in the fill ring for receiving, half for sending. A received datagram stays in
 //   its UMEM frame until the next receive() (the engine's copy to the caller's buffer is the only
 //   one); a sent frame comes back through the completion ring. Payloads above 2048 bytes take
-//   several UMEM frames per packet (AF_XDP multi-buffer, XDP_USE_SG, Linux 6.6): a frame is
-//   built once and cut into them to send, and put together from them on receive.
+//   several UMEM frames per packet (AF_XDP multi-buffer, XDP_USE_SG, Linux 6.6): headers and
+//   payload are cut into them to send, and a frame is put together from them on receive.
 // - Frames are Ethernet/IPv4/UDP written by proto::build_frame, as the DPDK and verbs transports
 //   write theirs; received frames go through proto::parse_frame. The leaf switch's MAC (or its
 //   gateway's) comes from the kernel's neighbour table (next_hop.h): the kernel does ARP.
