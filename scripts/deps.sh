@@ -25,6 +25,9 @@ TREEDUCE_PACKAGES=(
   libgloo-dev
   # the host library's ibverbs transport (rdma-core)
   libibverbs-dev
+  # the host library's af_xdp transport: AF_XDP sockets (libxdp) and its XDP program (libbpf;
+  # compiled with clang, above)
+  libxdp-dev libbpf-dev
   # allreduce baselines next to treeduce (Open MPI's MPI_Allreduce over TCP), their plot, and
   # ethtool for the benchmark fabric's veth offloads
   libopenmpi-dev openmpi-bin gnuplot-nox ethtool

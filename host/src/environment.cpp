@@ -12,12 +12,14 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <climits>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "environment.h"
@@ -60,9 +62,11 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
       t->kind = TransportKind::dpdk;
     } else if (v.value == "verbs") {
       t->kind = TransportKind::verbs;
+    } else if (v.value == "af_xdp") {
+      t->kind = TransportKind::af_xdp;
     } else {
       return invalid_argument("TREEDUCE_TRANSPORT is '" + v.value +
-                              "'; it must be udp, dpdk or verbs.");
+                              "'; it must be udp, dpdk, verbs or af_xdp.");
     }
   }
   std::uint64_t x = 0;
@@ -83,6 +87,25 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
     t->verbs_port = std::uint8_t(x);
   }
   if (const Var v = var({"TREEDUCE_VERBS_DEVICE"}); v.name) t->verbs_device = v.value;
+  if (const Var v = var({"TREEDUCE_XDP_INTERFACE"}); v.name) t->xdp_interface = v.value;
+  if (const Var v = var({"TREEDUCE_XDP_QUEUE"}); v.name) {
+    if (auto s = number(v, 0, 255, &x); !s.ok()) return s;
+    t->xdp_queue = std::uint32_t(x);
+  }
+  if (const Var v = var({"TREEDUCE_XDP_MODE"}); v.name) {
+    static constexpr std::pair<std::string_view, XdpMode> kModes[] = {
+        {"auto", XdpMode::auto_select},
+        {"native", XdpMode::native},
+        {"skb", XdpMode::skb},
+        {"zerocopy", XdpMode::zerocopy}};
+    const auto* m = std::find_if(std::begin(kModes), std::end(kModes),
+                                 [&v](const auto& e) { return e.first == v.value; });
+    if (m == std::end(kModes)) {
+      return invalid_argument("TREEDUCE_XDP_MODE is '" + v.value +
+                              "'; it must be auto, native, skb or zerocopy.");
+    }
+    t->xdp_mode = m->second;
+  }
   if (const Var v = var({"TREEDUCE_DPDK_PORT"}); v.name) t->dpdk_port = v.value;
   if (const Var v = var({"TREEDUCE_DPDK_EAL"}); v.name) t->dpdk_eal = v.value;
   if (const Var v = var({"TREEDUCE_LOCAL_MAC"}); v.name) t->local_mac = v.value;

@@ -8,6 +8,9 @@
 #ifdef TREEDUCE_HAVE_VERBS
 #include "verbs_transport.h"
 #endif
+#ifdef TREEDUCE_HAVE_AF_XDP
+#include "af_xdp_transport.h"
+#endif
 
 namespace treeduce::host {
 
@@ -19,6 +22,8 @@ const char* name(TransportKind k) noexcept {
       return "dpdk";
     case TransportKind::verbs:
       return "verbs";
+    case TransportKind::af_xdp:
+      return "af_xdp";
   }
   return "unknown";
 }
@@ -75,6 +80,19 @@ treeduce::Result<std::unique_ptr<Transport>> make_transport(const TransportOptio
       break;
     }
 #endif
+#ifdef TREEDUCE_HAVE_AF_XDP
+    case TransportKind::af_xdp:
+      // Frames on a kernel interface; the kernel resolves the leaf's MAC (next_hop.h).
+      t = make_af_xdp_transport({.interface = opt.xdp_interface,
+                                 .queue = opt.xdp_queue,
+                                 .mode = opt.xdp_mode,
+                                 .local_address = at.bind_address,
+                                 .port = at.port,
+                                 .leaf_address = at.leaf_address,
+                                 .payload_bytes = at.payload_bytes},
+                                &err);
+      break;
+#endif
     default:
       return unavailable(std::string("This build has no ") + name(opt.kind) +
                          " transport; it knows udp" +
@@ -84,7 +102,11 @@ treeduce::Result<std::unique_ptr<Transport>> make_transport(const TransportOptio
 #ifdef TREEDUCE_HAVE_VERBS
                          ", verbs" +
 #endif
-                         " (dpdk and verbs are built when DPDK and rdma-core are found).");
+#ifdef TREEDUCE_HAVE_AF_XDP
+                         ", af_xdp" +
+#endif
+                         " (dpdk and verbs are built when DPDK and rdma-core are found, af_xdp "
+                         "when libxdp, libbpf and clang are).");
   }
   if (!t) return unavailable(err.empty() ? "The transport gave no reason." : err);
   return t;

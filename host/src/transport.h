@@ -1,7 +1,8 @@
 // The host library's packet I/O: one small interface between the communicator's network loop
 // (network_loop.cpp, which drives a ProtocolEngine) and the network, and the factory that makes
 // the transport the options name (transport.cpp). Implementations: kernel UDP (udp_transport.h),
-// DPDK (dpdk_transport.h), ibverbs raw packets (verbs_transport.h); docs/host.md, "Transports".
+// DPDK (dpdk_transport.h), ibverbs raw packets (verbs_transport.h), AF_XDP (af_xdp_transport.h);
+// docs/host.md, "Transports".
 //
 // The interface deals in whole treeduce datagrams (TdHdr + payload) to and from one leaf switch,
 // in batches, so that every transport fits behind it without touching the communicator.
@@ -72,7 +73,7 @@ treeduce::Result<std::unique_ptr<Transport>> make_transport(const TransportOptio
 /// (defined in udp_transport.cpp; every transport uses it).
 bool parse_ipv4_endpoint(const std::string& s, std::uint32_t* ip, std::uint16_t* port);
 
-/// "udp", "dpdk", "verbs".
+/// "udp", "dpdk", "verbs", "af_xdp".
 const char* name(TransportKind k) noexcept;
 
 }  // namespace treeduce::host

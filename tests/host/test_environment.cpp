@@ -23,6 +23,7 @@ using treeduce::host::Result;
 using treeduce::host::TransportKind;
 using treeduce::host::TransportOptions;
 using treeduce::host::what_is_known;
+using treeduce::host::XdpMode;
 
 namespace {
 
@@ -256,15 +257,34 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
   set("TREEDUCE_TRANSPORT", "verbs");
   ASSERT_TRUE(parse(&o).ok());
   EXPECT_EQ(o.transport.kind, TransportKind::verbs);
+  EXPECT_EQ(o.transport.xdp_interface, "");
+  EXPECT_EQ(o.transport.xdp_queue, 0u);
+  EXPECT_EQ(o.transport.xdp_mode, XdpMode::auto_select);
+  set("TREEDUCE_TRANSPORT", "af_xdp");
+  set("TREEDUCE_XDP_INTERFACE", "eth1");
+  set("TREEDUCE_XDP_QUEUE", "3");
+  for (const auto& [value, mode] :
+       {std::pair{"native", XdpMode::native}, std::pair{"skb", XdpMode::skb},
+        std::pair{"zerocopy", XdpMode::zerocopy}, std::pair{"auto", XdpMode::auto_select}}) {
+    set("TREEDUCE_XDP_MODE", value);
+    ASSERT_TRUE(parse(&o).ok());
+    EXPECT_EQ(o.transport.kind, TransportKind::af_xdp);
+    EXPECT_EQ(o.transport.xdp_interface, "eth1");
+    EXPECT_EQ(o.transport.xdp_queue, 3u);
+    EXPECT_EQ(o.transport.xdp_mode, mode);
+  }
+  set("TREEDUCE_XDP_MODE", "turbo");
+  expect_error("TREEDUCE_XDP_MODE is 'turbo'; it must be auto, native, skb or zerocopy.");
+  set("TREEDUCE_XDP_MODE", "auto");
 
   set("TREEDUCE_TRANSPORT", "carrier-pigeon");
-  expect_error("TREEDUCE_TRANSPORT is 'carrier-pigeon'; it must be udp, dpdk or verbs.");
+  expect_error("TREEDUCE_TRANSPORT is 'carrier-pigeon'; it must be udp, dpdk, verbs or af_xdp.");
   set("TREEDUCE_TRANSPORT", "udp");
   for (const auto& [name, value] :
        {std::pair{"TREEDUCE_UDP_GSO", "yes"}, std::pair{"TREEDUCE_UDP_GRO", "2"},
         std::pair{"TREEDUCE_UDP_SEND_PORTS", "0"}, std::pair{"TREEDUCE_UDP_SEND_PORTS", "65"},
         std::pair{"TREEDUCE_UDP_SEND_PORTS", "4 "}, std::pair{"TREEDUCE_VERBS_PORT", "0"},
-        std::pair{"TREEDUCE_VERBS_PORT", "256"}}) {
+        std::pair{"TREEDUCE_VERBS_PORT", "256"}, std::pair{"TREEDUCE_XDP_QUEUE", "256"}}) {
     const std::string before = vars[name];
     set(name, value);
     expect_error(std::string(name) + " is '" + value + "', not a whole number from ");

@@ -65,17 +65,27 @@ struct TreeAssignment {
   std::vector<TreeSwitch> switches;
 };
 
-/// Which transport carries the network path's packets (docs/host.md, "Transports"). dpdk and
-/// verbs are in builds that found DPDK and rdma-core; asking a build for one it lacks is an error
-/// on the network path (a fallback on the auto path).
+/// Which transport carries the network path's packets (docs/host.md, "Transports"). dpdk,
+/// verbs and af_xdp are in builds that found DPDK, rdma-core, and libxdp/libbpf/clang; asking a
+/// build for one it lacks is an error on the network path (a fallback on the auto path).
 enum class TransportKind : int {
-  udp = 0,    ///< kernel UDP sockets (the default)
-  dpdk = 1,   ///< one DPDK ethdev port
-  verbs = 2,  ///< an ibverbs raw-packet QP
+  udp = 0,     ///< kernel UDP sockets (the default)
+  dpdk = 1,    ///< one DPDK ethdev port
+  verbs = 2,   ///< an ibverbs raw-packet QP
+  af_xdp = 3,  ///< an AF_XDP socket on a kernel interface
+};
+
+/// How the af_xdp transport attaches (TREEDUCE_XDP_MODE).
+enum class XdpMode : int {
+  auto_select = 0,  ///< native XDP with zero-copy, else native copy, else generic (SKB) copy
+  native = 1,       ///< native XDP only (zero-copy when the driver offers it, else copy)
+  skb = 2,          ///< generic XDP, copy mode: any interface (veth)
+  zerocopy = 3,     ///< native XDP with a zero-copy socket, or fail
 };
 
 /// The transport and its tuning (TREEDUCE_TRANSPORT, TREEDUCE_UDP_*, TREEDUCE_DPDK_*,
-/// TREEDUCE_VERBS_*, TREEDUCE_LOCAL_MAC, TREEDUCE_LEAF_MAC in options_from_environment()).
+/// TREEDUCE_VERBS_*, TREEDUCE_XDP_*, TREEDUCE_LOCAL_MAC, TREEDUCE_LEAF_MAC in
+/// options_from_environment()).
 struct TransportOptions {
   TransportKind kind = TransportKind::udp;
   std::uint32_t udp_send_ports = 1;  ///< udp: source ports slots are spread over, 1..64
@@ -87,6 +97,9 @@ struct TransportOptions {
   std::uint8_t verbs_port = 1;       ///< verbs: device port, 1-based
   std::string local_mac;             ///< dpdk, verbs: our MAC ("aa:bb:cc:dd:ee:ff")
   std::string leaf_mac;              ///< dpdk, verbs: the leaf switch's MAC (no ARP)
+  std::string xdp_interface;         ///< af_xdp: interface; "" = the route's to the leaf
+  std::uint32_t xdp_queue = 0;       ///< af_xdp: the interface's RX/TX queue
+  XdpMode xdp_mode = XdpMode::auto_select;  ///< af_xdp: how to attach
 };
 
 /// How a communicator is made. options_from_environment() fills it from the launcher's
