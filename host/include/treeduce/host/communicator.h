@@ -74,6 +74,9 @@ enum class TransportKind : int {
   verbs = 2,  ///< an ibverbs raw-packet QP
 };
 
+/// TransportOptions::busy_poll_us's default (docs/performance.md, "Issue 16: small messages").
+inline constexpr std::uint32_t kDefaultBusyPollUs = 0;
+
 /// The transport and its tuning (TREEDUCE_TRANSPORT, TREEDUCE_UDP_*, TREEDUCE_DPDK_*,
 /// TREEDUCE_VERBS_*, TREEDUCE_LOCAL_MAC, TREEDUCE_LEAF_MAC in options_from_environment()).
 struct TransportOptions {
@@ -87,6 +90,11 @@ struct TransportOptions {
   std::uint8_t verbs_port = 1;       ///< verbs: device port, 1-based
   std::string local_mac;             ///< dpdk, verbs: our MAC ("aa:bb:cc:dd:ee:ff")
   std::string leaf_mac;              ///< dpdk, verbs: the leaf switch's MAC (no ARP)
+  /// Every wait for the network during an operation first polls the transport for up to this
+  /// many microseconds, yielding the CPU between polls, before it sleeps (TREEDUCE_BUSY_POLL_US,
+  /// 0 to 10000; 0: sleep at once). Saves the wake-up of a small allreduce's one round trip;
+  /// never polls while no operation is in flight (docs/host.md, "Transports").
+  std::uint32_t busy_poll_us = kDefaultBusyPollUs;
 };
 
 /// How a communicator is made. options_from_environment() fills it from the launcher's
