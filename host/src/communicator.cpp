@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -140,6 +139,40 @@ std::string not_offloaded(const TreeAssignment& t, DType d, ReduceOp op) {
   return (lacking.size() == 1 ? "switch " : "switches ") + who +
          (lacking.size() == 1 ? " does not reduce " : " do not reduce ") + pair;
 }
+
+// An operation stream() took from the feed.
+struct StreamItem {
+  Operation op;
+  std::uint64_t index = 0;         // op_index_: the same sequence on every rank
+  std::vector<std::uint8_t> kept;  // in-place input kept for a fallback
+};
+
+// stream()'s operations in order, oldest first: a FIFO over a vector whose elements (and their
+// `kept` buffers) are reused, so that an operation on the network path allocates nothing here
+// (a std::deque made per stream() allocated twice per blocking call).
+class StreamItems {
+ public:
+  bool empty() const { return head_ == size_; }
+  StreamItem& front() { return v_[head_]; }
+  StreamItem& push() {
+    if (head_ == size_) head_ = size_ = 0;  // empty: start again at the front
+    if (size_ == v_.size()) {
+      // Full: move what is still in flight to the front, or grow.
+      if (head_ != 0) {
+        std::rotate(v_.begin(), v_.begin() + static_cast<std::ptrdiff_t>(head_), v_.end());
+        size_ -= head_;
+        head_ = 0;
+      }
+      if (size_ == v_.size()) v_.emplace_back();
+    }
+    return v_[size_++];
+  }
+  void pop() { ++head_; }
+
+ private:
+  std::vector<StreamItem> v_;
+  std::size_t head_ = 0, size_ = 0;  // [head_, size_) in flight
+};
 
 class CommunicatorImpl final : public Communicator {
  public:
@@ -391,8 +424,9 @@ class CommunicatorImpl final : public Communicator {
     }
     ec.rto_max_ns = kRtoMaxNs;
     ec.max_retries = opt_.max_retries;
-    network_ = std::make_unique<NetworkLoop>(std::move(transport).value(), ec, t.leaf_address,
-                                             peers(), opt_.op_timeout_ms, stop_);
+    network_ =
+        std::make_unique<NetworkLoop>(std::move(transport).value(), ec, t.leaf_address, peers(),
+                                      opt_.op_timeout_ms, stop_, opt_.transport.busy_poll_us);
     return std::nullopt;
   }
 
@@ -447,40 +481,37 @@ class CommunicatorImpl final : public Communicator {
   // oldest operation not done and the later ones it had taken fall back (or fail) in order, as
   // one operation on its own would.
   void stream(Feed& feed) {
-    struct Item {
-      Operation op;
-      std::uint64_t index;             // op_index_: the same sequence on every rank
-      std::vector<std::uint8_t> kept;  // in-place input kept for a fallback
-    };
     struct Source final : StreamSource {
-      Source(CommunicatorImpl& owner, Feed& f) : c(owner), feed(f) {}
+      Source(CommunicatorImpl& owner, Feed& f) : c(owner), feed(f), items(owner.stream_items_) {}
       bool next(Operation* out) override {
         const Operation* o = feed.peek();
         if (o == nullptr || !c.network_ready(*o)) return false;
-        Item it{*o, ++c.op_index_, {}};
+        StreamItem& it = items.push();
+        it.op = *o;
+        it.index = ++c.op_index_;
+        it.kept.clear();
         if (c.opt_.path == Path::auto_select && o->send == o->recv) {
           const auto* in = static_cast<const std::uint8_t*>(o->send);
           it.kept.assign(in, in + o->count * dtype_size(o->dtype));
         }
         feed.take();
-        items.push_back(std::move(it));
-        *out = items.back().op;
+        *out = it.op;
         return true;
       }
       void done() override {
-        const Item& it = items.front();
+        const StreamItem& it = items.front();
         {
           std::lock_guard lk(c.mu_);
           c.stats_.retransmits = c.network_->retransmits();
           ++c.stats_.network_ops;
           c.stats_.bytes += it.op.count * dtype_size(it.op.dtype);
         }
-        items.pop_front();
+        items.pop();
         feed.complete(treeduce::Status::Ok());
       }
       CommunicatorImpl& c;
       Feed& feed;
-      std::deque<Item> items;  // taken, not done
+      StreamItems& items;  // taken, not done
     } src(*this, feed);
     std::optional<Obstacle> failed;
     try {
@@ -488,7 +519,7 @@ class CommunicatorImpl final : public Communicator {
     } catch (const std::exception& e) {
       network_->set_broken();
       while (!src.items.empty()) {
-        src.items.pop_front();
+        src.items.pop();
         feed.complete(internal_error(std::string("Internal error: ") + e.what() + "."));
       }
       return;
@@ -506,7 +537,7 @@ class CommunicatorImpl final : public Communicator {
     const PathDecision d = decide_path(opt_.path, failed);
     bool first = true;
     while (!src.items.empty()) {
-      const Item& it = src.items.front();
+      const StreamItem& it = src.items.front();
       const void* send = it.kept.empty() ? it.op.send : it.kept.data();
       treeduce::Status s;
       try {
@@ -517,7 +548,7 @@ class CommunicatorImpl final : public Communicator {
         s = internal_error(std::string("Internal error: ") + e.what() + ".");
       }
       first = false;
-      src.items.pop_front();
+      src.items.pop();
       feed.complete(std::move(s));
     }
   }
@@ -632,6 +663,7 @@ class CommunicatorImpl final : public Communicator {
   std::unique_ptr<NetworkLoop> network_;
   HostPath host_;
   std::uint64_t op_index_ = 0;       // operations executed: the same sequence on every rank
+  StreamItems stream_items_;         // stream()'s operations taken and not done; reused
   std::vector<std::uint8_t> saved_;  // in-place input kept for a fallback; reused
 
   // Shared, under mu_.

@@ -110,6 +110,10 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
   if (const Var v = var({"TREEDUCE_DPDK_EAL"}); v.name) t->dpdk_eal = v.value;
   if (const Var v = var({"TREEDUCE_LOCAL_MAC"}); v.name) t->local_mac = v.value;
   if (const Var v = var({"TREEDUCE_LEAF_MAC"}); v.name) t->leaf_mac = v.value;
+  if (const Var v = var({"TREEDUCE_BUSY_POLL_US"}); v.name) {
+    if (auto s = number(v, 0, 10000, &x); !s.ok()) return s;
+    t->busy_poll_us = std::uint32_t(x);
+  }
   return treeduce::Status::Ok();
 }
 

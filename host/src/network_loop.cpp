@@ -2,6 +2,9 @@
 // deadline, hand every datagram to it; then say how the operation ended.
 #include "network_loop.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
@@ -22,13 +25,36 @@ Obstacle failure(Code code, std::string why) { return Obstacle{code, std::move(w
 
 NetworkLoop::NetworkLoop(std::unique_ptr<Transport> transport, const EngineConfig& engine,
                          std::string leaf_address, std::string peers, std::uint32_t op_timeout_ms,
-                         const std::atomic<bool>& stop)
+                         const std::atomic<bool>& stop, std::uint32_t busy_poll_us)
     : transport_(std::move(transport)),
       engine_(engine),
       leaf_address_(std::move(leaf_address)),
       peers_(std::move(peers)),
       op_timeout_ms_(op_timeout_ms),
-      stop_(stop) {}
+      stop_(stop),
+      busy_poll_ns_(std::uint64_t{busy_poll_us} * 1000u) {}
+
+// A small allreduce is one round trip through the switch: the wait for its results is most of
+// its time, and sleeping in the kernel until they come adds a wake-up (a context switch, and on a
+// busy machine a wait for a CPU) to every one. So each wait first polls the transport for up to
+// busy_poll_ns_, handing the CPU to anyone else runnable between polls (sched_yield: the switch
+// and the other ranks may share this CPU), and only then blocks. Bounded per wait, and only while
+// an operation is in flight: an idle communicator never polls.
+std::span<const RxDatagram> NetworkLoop::wait_for_input(std::uint64_t until, std::string* io) {
+  std::uint64_t t = now_ns();
+  if (busy_poll_ns_ != 0 && t < until) {
+    const std::uint64_t spin_end = std::min(until, t + busy_poll_ns_);
+    for (;;) {
+      const auto rx = transport_->receive(0, io);
+      if (!rx.empty() || !io->empty()) return rx;
+      if (kicked_.load(std::memory_order_acquire) || stop_.load(std::memory_order_relaxed)) break;
+      if ((t = now_ns()) >= spin_end) break;
+      sched_yield();
+    }
+  }
+  t = now_ns();
+  return transport_->receive(until > t ? until - t : 0, io);
+}
 
 std::optional<Obstacle> NetworkLoop::run(const Operation& o) {
   struct One final : StreamSource {
@@ -77,6 +103,8 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
       }
       deadline = now_ns() + timeout_ns;
     }
+    // A wake() from here on (an operation queued) ends the next busy poll: fill() takes it.
+    kicked_.store(false, std::memory_order_relaxed);
     if (engine_.status() == Status::running || engine_.status() == Status::done) {
       if (!fill()) {
         abandoned = failure(Code::internal, "the protocol engine refused to start the operation");
@@ -99,9 +127,7 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
     if (n != 0) io = transport_->send(out_.data(), n);
     if (!io.empty()) break;
     if (engine_.status() != Status::running) continue;
-    const std::uint64_t until = std::min(engine_.next_deadline(), deadline);
-    const std::uint64_t t2 = now_ns();
-    const auto rx = transport_->receive(until > t2 ? until - t2 : 0, &io);
+    const auto rx = wait_for_input(std::min(engine_.next_deadline(), deadline), &io);
     if (!io.empty()) break;
     const std::uint64_t t3 = rx.empty() ? 0 : now_ns();  // the adaptive timer's samples end here
     for (const RxDatagram& d : rx) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "path_policy.h"
@@ -49,10 +50,12 @@ class NetworkLoop {
  public:
   /// `leaf_address` names the leaf in sentences; `peers` says what is known of the other ranks
   /// (a phrase: "all 4 ranks joined at the Aggregation Manager at am:7000"), for the sentence of
-  /// a network that stopped answering; `stop` is read during an operation.
+  /// a network that stopped answering; `stop` is read during an operation. `busy_poll_us`: how
+  /// long each wait for the network first polls the transport (yielding the CPU between polls)
+  /// before it blocks (Options::busy_poll_us; 0: it blocks at once).
   NetworkLoop(std::unique_ptr<Transport> transport, const EngineConfig& engine,
               std::string leaf_address, std::string peers, std::uint32_t op_timeout_ms,
-              const std::atomic<bool>& stop);
+              const std::atomic<bool>& stop, std::uint32_t busy_poll_us = 0);
 
   /// Runs `o` in the network: nullopt when its result is in o.recv, else why not (a phrase and
   /// a code; the path policy decides what follows).
@@ -69,14 +72,19 @@ class NetworkLoop {
   bool broken() const noexcept { return broken_; }
   void set_broken() noexcept { broken_ = broken_ || engine_.status() == Status::running; }
   std::uint64_t retransmits() const noexcept { return engine_.stats().retransmits; }
-  /// Makes a receive() blocked in run() return (any thread).
-  void wake() noexcept { transport_->wake(); }
+  /// Makes a receive() blocked in run() return, and a busy poll stop (any thread).
+  void wake() noexcept {
+    kicked_.store(true, std::memory_order_release);
+    transport_->wake();
+  }
 
  private:
   static constexpr std::size_t kMaxBatch = 64;
 
   /// Why a chunk got no result, and what to check (docs/host.md, "Logging").
   std::string no_answer() const;
+  /// What arrived by `until` (ns): a bounded busy poll, then the transport's blocking wait.
+  std::span<const RxDatagram> wait_for_input(std::uint64_t until, std::string* io);
 
   std::unique_ptr<Transport> transport_;
   ProtocolEngine engine_;
@@ -84,6 +92,8 @@ class NetworkLoop {
   const std::string peers_;
   const std::uint32_t op_timeout_ms_;
   const std::atomic<bool>& stop_;
+  const std::uint64_t busy_poll_ns_;
+  std::atomic<bool> kicked_{false};  // wake() was called: stop busy polling
   bool broken_ = false;
   std::array<OutPacket, kMaxBatch> out_{};
 };

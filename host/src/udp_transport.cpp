@@ -51,6 +51,8 @@ constexpr std::size_t kMaxGsoSegments = 64;
 constexpr std::size_t kMaxGsoBytes = 65000;
 // A GRO receive buffer holds one coalesced super-datagram.
 constexpr std::size_t kGroBufferBytes = 65536;
+// A ppoll that returned within this found its datagrams already queued (it did not sleep).
+constexpr std::int64_t kImmediateNs = 2000;
 
 class UdpTransport final : public Transport {
  public:
@@ -142,23 +144,40 @@ class UdpTransport final : public Transport {
     return {};
   }
 
+  // System calls per wait: a receive that waits costs a ppoll and a recvmmsg, plus a recvmmsg
+  // before them when it looks first (drain_first_). Looking first pays when datagrams are
+  // usually there already (a stream of results: one recvmmsg, no ppoll), and is a wasted call
+  // when the caller has just sent and waits for the answer (a small allreduce: its result is one
+  // round trip away). So it looks first only while that has been finding datagrams, or when
+  // ppoll found them waiting (it returned at once).
   std::span<const RxDatagram> receive(std::uint64_t timeout_ns, std::string* error) override {
-    std::size_t n = drain(error);
-    if (n != 0 || timeout_ns == 0 || !error->empty()) return {rx_out_.data(), n};
+    std::size_t n = 0;
+    if (drain_first_ || timeout_ns == 0) {
+      n = drain(error, nullptr);
+      if (n != 0 || timeout_ns == 0 || !error->empty()) return {rx_out_.data(), n};
+      drain_first_ = false;
+    }
     pfds_[0] = {wake_fd_, POLLIN, 0};
     for (std::size_t i = 0; i < fds_.size(); ++i) pfds_[i + 1] = {fds_[i], POLLIN, 0};
     const timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000u),
                       static_cast<long>(timeout_ns % 1'000'000'000u)};
+    timespec t0{}, t1{};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     if (ppoll(pfds_.data(), pfds_.size(), &ts, nullptr) < 0) {
       if (errno != EINTR) *error = errno_sentence("ppoll on the UDP sockets");
       return {};
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     if ((pfds_[0].revents & POLLIN) != 0) {
       std::uint64_t v;
       [[maybe_unused]] const ssize_t r = read(wake_fd_, &v, sizeof v);
       return {};
     }
-    n = drain(error);
+    n = drain(error, &pfds_[1]);
+    // Datagrams that were waiting when ppoll was called (it did not block): look first next time.
+    const std::int64_t waited_ns =
+        (t1.tv_sec - t0.tv_sec) * 1'000'000'000ll + (t1.tv_nsec - t0.tv_nsec);
+    if (n != 0 && waited_ns < kImmediateNs) drain_first_ = true;
     return {rx_out_.data(), n};
   }
 
@@ -291,12 +310,18 @@ class UdpTransport final : public Transport {
     return {};
   }
 
-  // Read what is queued on every socket without waiting; returns the datagrams found.
-  std::size_t drain(std::string* error) {
+  // Read what is queued on every socket (`ready` null), or on those ppoll found readable
+  // (`ready`: one pollfd per socket), without waiting; returns the datagrams found.
+  std::size_t drain(std::string* error, const pollfd* ready) {
     std::size_t out = 0, used = 0;
-    for (const int fd : fds_) {
+    for (std::size_t s = 0; s < fds_.size(); ++s) {
+      const int fd = fds_[s];
+      if (ready != nullptr && (ready[s].revents & (POLLIN | POLLERR)) == 0) continue;
       const std::size_t room = rx_msgs_.size() - used;
-      if (room == 0) break;
+      if (room == 0) {
+        drain_first_ = true;  // a full batch: more may be queued
+        break;
+      }
       for (std::size_t i = used; i < rx_msgs_.size(); ++i) {
         msghdr& h = rx_msgs_[i].msg_hdr;
         h = msghdr{};
@@ -349,6 +374,7 @@ class UdpTransport final : public Transport {
         }
       }
       used += static_cast<std::size_t>(r);
+      if (used == rx_msgs_.size()) drain_first_ = true;  // a full batch: more may be queued
     }
     return out;
   }
@@ -362,6 +388,7 @@ class UdpTransport final : public Transport {
   sockaddr_in leaf_{};
   std::size_t segment_bytes_ = 0;
   bool gso_ = false, gro_ = false;
+  bool drain_first_ = true;  // receive() looks before it waits (see receive())
   TransportStats stats_;
   // Send side: all sized for one batch, so sending allocates nothing.
   std::array<const OutPacket*, kBatch> order_{};

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -134,8 +135,16 @@ struct MpiSession {
 struct Timing {
   double mean_us = 0;  // over the timed iterations, as nccl-tests
   double min_us = 0;   // the fastest single iteration: the noise-robust figure for small sizes
+  double cpu_us = 0;   // this process's CPU time (every thread, user and system) per iteration
   std::string error;   // "" or the first failure's sentence
 };
+
+// This process's CPU time so far (every thread, user and system), in microseconds.
+double process_cpu_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+}
 
 // `once` runs one allreduce and returns "" or an error sentence. Each timed iteration is timed on
 // its own so that the fastest one is known; the mean is the whole loop's time over `iters`.
@@ -145,6 +154,7 @@ Timing measure(int warmup, int iters, F&& once) {
   auto us = [](Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
   Timing t;
   for (int i = 0; i < warmup && t.error.empty(); ++i) t.error = once();
+  const double cpu_start = process_cpu_us();
   const Clock::time_point start = Clock::now();
   Clock::time_point prev = start;
   t.min_us = std::numeric_limits<double>::infinity();
@@ -155,6 +165,7 @@ Timing measure(int warmup, int iters, F&& once) {
     prev = now;
   }
   t.mean_us = us(prev - start) / iters;
+  t.cpu_us = (process_cpu_us() - cpu_start) / iters;
   if (t.min_us == std::numeric_limits<double>::infinity()) t.min_us = 0;  // the warm-up failed
   return t;
 }
@@ -165,6 +176,7 @@ struct Outcome {
   Timing timing;
   std::int32_t wrong = 0;
   std::int32_t failed = 0;  // 1 here when it failed on this rank; after the sum, ranks that did
+  double cpu_us_ranks = 0;  // after the sum: the mean over the ranks of timing.cpu_us
 };
 
 // Counts the elements of `got` that differ from `want`; the first one goes to stderr, so that a
@@ -191,16 +203,19 @@ std::int32_t count_wrong(const std::string& backend, std::uint32_t rank, DType d
 // row costs the same number of operations with and without baselines). When that allreduce fails
 // the counts stay this rank's.
 void sum_over_ranks(Communicator& comm, std::vector<Outcome>* outs) {
-  std::vector<std::int32_t> mine, all(2 * outs->size());
+  std::vector<std::int32_t> mine, all(3 * outs->size());
   for (const Outcome& o : *outs) {
     mine.push_back(o.wrong);
     mine.push_back(o.failed);
+    // CPU per iteration in units of 0.1 us (up to 195 s: the sum over 1024 ranks fits an int32).
+    mine.push_back(static_cast<std::int32_t>(std::clamp(o.timing.cpu_us * 10, 0.0, 2e9 / 1024)));
   }
   if (comm.allreduce(mine.data(), all.data(), mine.size(), DType::i32, ReduceOp::sum) != Result::ok)
     return;
   for (std::size_t i = 0; i < outs->size(); ++i) {
-    (*outs)[i].wrong = all[2 * i];
-    (*outs)[i].failed = all[2 * i + 1];
+    (*outs)[i].wrong = all[3 * i];
+    (*outs)[i].failed = all[3 * i + 1];
+    (*outs)[i].cpu_us_ranks = all[3 * i + 2] / 10.0 / comm.world_size();
   }
 }
 
@@ -254,6 +269,7 @@ std::string json_row(const Row& r, const std::vector<Outcome>& outs) {
   std::string s = head;
   s += "\"time_us\":" + json_number(td_ok, 3, td.timing.mean_us) +
        ",\"min_us\":" + json_number(td_ok, 3, td.timing.min_us) +
+       ",\"cpu_us\":" + json_number(td_ok, 3, td.cpu_us_ranks) +
        ",\"algbw_GBps\":" + json_number(td_ok, 4, td_bw) +
        ",\"busbw_GBps\":" + json_number(td_ok, 4, td_bw * tree_bus(r.world)) + ",\"path\":\"" +
        r.path + "\",\"wrong\":" + std::to_string(td.wrong) +
@@ -265,6 +281,7 @@ std::string json_row(const Row& r, const std::vector<Outcome>& outs) {
     const double bw = algbw(r, b.timing);
     s += ",\"" + b.name + "\":{\"time_us\":" + json_number(ok, 3, b.timing.mean_us) +
          ",\"min_us\":" + json_number(ok, 3, b.timing.min_us) +
+         ",\"cpu_us\":" + json_number(ok, 3, b.cpu_us_ranks) +
          ",\"algbw_GBps\":" + json_number(ok, 4, bw) +
          ",\"busbw_GBps\":" + json_number(ok, 4, bw * ring_bus(r.world)) +
          ",\"wrong\":" + std::to_string(b.wrong) +
@@ -473,6 +490,7 @@ class Sweep {
       Outcome o{label, measure(cfg_.warmup, cfg_.iters, once)};
       o.timing.mean_us /= static_cast<double>(n);
       o.timing.min_us /= static_cast<double>(n);
+      o.timing.cpu_us /= static_cast<double>(n);
       if (!o.timing.error.empty()) {
         std::fprintf(stderr, "treeduce-perf: rank %u: %s: %zu x %s %s of %zu elements failed: %s\n",
                      comm_.rank(), label, n, name(d).data(), name(op).data(), count,

@@ -888,6 +888,77 @@ TEST(Communicator, BlockingCallWaitsForQueuedOperations) {
   });
 }
 
+// A blocking call runs on the caller's thread when nothing is queued (no hand-off), here with a
+// busy poll, while another thread of the same rank queues non-blocking operations behind it: the
+// queued ones wake the caller's poll, wait for the blocking one and run after it on the progress
+// thread; everything completes exactly, in start order. Rank 1 holds its contribution to the
+// blocking call back until rank 0's other thread has queued its operations, so they are queued
+// while the blocking call is in flight, whatever the scheduling.
+TEST(Communicator, BlockingCallOnTheCallersThreadWhileAnotherThreadQueues) {
+  constexpr std::uint32_t kWorld = 2, kQueued = 5, kSlots = 8;
+  FakeSwitch sw({.world = kWorld, .slots = kSlots});
+  std::vector<exact::Case> cases;
+  // The blocking call: 40 chunks of 256 bytes (five windows); then small queued ones, one chunk
+  // up to three.
+  cases.push_back({DType::f32, ReduceOp::sum, 40 * 64, 0});
+  for (std::uint32_t i = 1; i <= kQueued; ++i)
+    cases.push_back({DType::i32, ReduceOp::sum, 2 + 60 * i, i});
+  std::atomic<bool> queued{false};
+  run_ranks(kWorld, [&](std::uint32_t rank) {
+    Options o = sw.options(rank, "caller-runs", Path::network);
+    o.transport.busy_poll_us = 2000;  // the caller polls: a queued operation must end the poll
+    auto comm = make(o);
+    ASSERT_NE(comm, nullptr);
+    std::vector<CaseData> data;
+    std::vector<std::vector<std::uint8_t>> out;
+    for (const exact::Case& c : cases) {
+      data.emplace_back(c, rank, kWorld);
+      out.emplace_back(data.back().in.size(), 0xA5);
+    }
+    if (rank == 1) {
+      while (!queued.load()) std::this_thread::yield();
+      for (std::uint32_t i = 0; i <= kQueued; ++i) {
+        EXPECT_EQ(comm->allreduce(data[i].in.data(), out[i].data(), cases[i].count, cases[i].dtype,
+                                  cases[i].op),
+                  Result::ok)
+            << comm->last_error();
+        EXPECT_EQ(out[i], data[i].want) << "operation " << i << " rank 1";
+      }
+      return;
+    }
+    std::vector<Request> req(kQueued + 1);
+    std::vector<bool> first_done_when(kQueued + 1, false);
+    std::thread other([&] {
+      // The blocking call is in flight once its first window reached the switch (rank 1 sends
+      // nothing before `queued`).
+      while (sw.received() < kSlots) std::this_thread::yield();
+      for (std::uint32_t i = 1; i <= kQueued; ++i) {
+        ASSERT_EQ(comm->iallreduce(data[i].in.data(), out[i].data(), cases[i].count, cases[i].dtype,
+                                   cases[i].op, &req[i]),
+                  Result::ok);
+      }
+      queued.store(true);
+      for (std::uint32_t i = 1; i <= kQueued; ++i) {
+        EXPECT_EQ(comm->wait(req[i]), Result::ok)
+            << "operation " << i << ": " << comm->last_error();
+        // In start order: the blocking call's result is whole before any later one completes.
+        first_done_when[i] = out[0] == data[0].want;
+      }
+    });
+    EXPECT_EQ(comm->allreduce(data[0].in.data(), out[0].data(), cases[0].count, cases[0].dtype,
+                              cases[0].op),
+              Result::ok)
+        << comm->last_error();
+    other.join();
+    for (std::uint32_t i = 0; i <= kQueued; ++i)
+      EXPECT_EQ(out[i], data[i].want) << "operation " << i << " rank 0";
+    for (std::uint32_t i = 1; i <= kQueued; ++i)
+      EXPECT_TRUE(first_done_when[i]) << "operation " << i << " completed before operation 0";
+    EXPECT_EQ(comm->stats().network_ops, kQueued + 1);
+    EXPECT_EQ(comm->stats().fallback_ops, 0u);
+  });
+}
+
 // Forged NACKs for every chunk in flight, from the switch's own address and port, with no MAC or
 // one under another key: libtreeduce ignores them all and every operation completes exactly on
 // the network path (with verification off, the first would fail it as refused).

@@ -233,6 +233,7 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
   EXPECT_FALSE(o.transport.udp_gso);
   EXPECT_TRUE(o.transport.udp_gro);
   EXPECT_EQ(o.transport.verbs_port, 1);
+  EXPECT_EQ(o.transport.busy_poll_us, treeduce::host::kDefaultBusyPollUs);
   set("TREEDUCE_TRANSPORT", "dpdk");
   set("TREEDUCE_UDP_SEND_PORTS", "4");
   set("TREEDUCE_UDP_GSO", "1");
@@ -243,6 +244,7 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
   set("TREEDUCE_VERBS_PORT", "2");
   set("TREEDUCE_LOCAL_MAC", "02:00:00:00:00:01");
   set("TREEDUCE_LEAF_MAC", "02:00:00:00:00:02");
+  set("TREEDUCE_BUSY_POLL_US", "250");
   ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.transport.kind, TransportKind::dpdk);
   EXPECT_EQ(o.transport.udp_send_ports, 4u);
@@ -254,6 +256,7 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
   EXPECT_EQ(o.transport.verbs_port, 2);
   EXPECT_EQ(o.transport.local_mac, "02:00:00:00:00:01");
   EXPECT_EQ(o.transport.leaf_mac, "02:00:00:00:00:02");
+  EXPECT_EQ(o.transport.busy_poll_us, 250u);
   set("TREEDUCE_TRANSPORT", "verbs");
   ASSERT_TRUE(parse(&o).ok());
   EXPECT_EQ(o.transport.kind, TransportKind::verbs);
@@ -284,7 +287,8 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
        {std::pair{"TREEDUCE_UDP_GSO", "yes"}, std::pair{"TREEDUCE_UDP_GRO", "2"},
         std::pair{"TREEDUCE_UDP_SEND_PORTS", "0"}, std::pair{"TREEDUCE_UDP_SEND_PORTS", "65"},
         std::pair{"TREEDUCE_UDP_SEND_PORTS", "4 "}, std::pair{"TREEDUCE_VERBS_PORT", "0"},
-        std::pair{"TREEDUCE_VERBS_PORT", "256"}, std::pair{"TREEDUCE_XDP_QUEUE", "256"}}) {
+        std::pair{"TREEDUCE_VERBS_PORT", "256"}, std::pair{"TREEDUCE_XDP_QUEUE", "256"},
+        std::pair{"TREEDUCE_BUSY_POLL_US", "10001"}, std::pair{"TREEDUCE_BUSY_POLL_US", "-1"}}) {
     const std::string before = vars[name];
     set(name, value);
     expect_error(std::string(name) + " is '" + value + "', not a whole number from ");

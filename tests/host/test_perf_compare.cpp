@@ -163,9 +163,10 @@ void check_rows(const std::vector<json>& rows, const std::vector<std::string>& b
                 int ranks) {
   const std::set<std::string> top = {"size",  "count", "type",   "op",
                                      "ranks", "iters", "warmup", "treeduce"};
-  const std::set<std::string> td_keys = {"time_us", "min_us", "algbw_GBps", "busbw_GBps",
-                                         "path",    "wrong",  "fallbacks",  "retransmits"};
-  const std::set<std::string> base_keys = {"time_us",    "min_us", "algbw_GBps",
+  const std::set<std::string> td_keys = {"time_us",    "min_us",     "cpu_us",
+                                         "algbw_GBps", "busbw_GBps", "path",
+                                         "wrong",      "fallbacks",  "retransmits"};
+  const std::set<std::string> base_keys = {"time_us",    "min_us", "cpu_us", "algbw_GBps",
                                            "busbw_GBps", "wrong",  "speedup"};
   auto keys = [](const json& o) {
     std::set<std::string> k;
@@ -184,6 +185,7 @@ void check_rows(const std::vector<json>& rows, const std::vector<std::string>& b
     EXPECT_EQ(td["path"].get<std::string>(), "host");
     EXPECT_GT(td["time_us"].get<double>(), 0);
     EXPECT_LE(td["min_us"].get<double>(), td["time_us"].get<double>() + 0.002);
+    EXPECT_GT(td["cpu_us"].get<double>(), 0);
     for (const std::string& b : baselines) {
       const json& o = r[b];
       EXPECT_EQ(keys(o), base_keys) << b;

@@ -83,6 +83,9 @@ enum class XdpMode : int {
   zerocopy = 3,     ///< native XDP with a zero-copy socket, or fail
 };
 
+/// TransportOptions::busy_poll_us's default (docs/performance.md, "Issue 16: small messages").
+inline constexpr std::uint32_t kDefaultBusyPollUs = 0;
+
 /// The transport and its tuning (TREEDUCE_TRANSPORT, TREEDUCE_UDP_*, TREEDUCE_DPDK_*,
 /// TREEDUCE_VERBS_*, TREEDUCE_XDP_*, TREEDUCE_LOCAL_MAC, TREEDUCE_LEAF_MAC in
 /// options_from_environment()).
@@ -100,6 +103,11 @@ struct TransportOptions {
   std::string xdp_interface;         ///< af_xdp: interface; "" = the route's to the leaf
   std::uint32_t xdp_queue = 0;       ///< af_xdp: the interface's RX/TX queue
   XdpMode xdp_mode = XdpMode::auto_select;  ///< af_xdp: how to attach
+  /// Every wait for the network during an operation first polls the transport for up to this
+  /// many microseconds, yielding the CPU between polls, before it sleeps (TREEDUCE_BUSY_POLL_US,
+  /// 0 to 10000; 0: sleep at once). Saves the wake-up of a small allreduce's one round trip;
+  /// never polls while no operation is in flight (docs/host.md, "Transports").
+  std::uint32_t busy_poll_us = kDefaultBusyPollUs;
 };
 
 /// How a communicator is made. options_from_environment() fills it from the launcher's
