@@ -10,6 +10,7 @@
 // result element by element, and the wrong counts of all ranks are summed with one more
 // allreduce.
 #include <arpa/inet.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 
@@ -135,7 +136,18 @@ struct Timing {
   double mean_us = 0;  // over the timed iterations, as nccl-tests
   double min_us = 0;   // the fastest single iteration: the noise-robust figure for small sizes
   std::string error;   // "" or the first failure's sentence
+  /// This rank's CPU time (user + system, every thread of the process: the caller's, the
+  /// library's progress thread, a baseline's) per timed iteration.
+  double cpu_us = 0;
 };
+
+// The process's CPU time so far, in microseconds.
+double process_cpu_us() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const auto tv = [](const timeval& v) { return v.tv_sec * 1e6 + static_cast<double>(v.tv_usec); };
+  return tv(ru.ru_utime) + tv(ru.ru_stime);
+}
 
 // `once` runs one allreduce and returns "" or an error sentence. Each timed iteration is timed on
 // its own so that the fastest one is known; the mean is the whole loop's time over `iters`.
@@ -145,6 +157,7 @@ Timing measure(int warmup, int iters, F&& once) {
   auto us = [](Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
   Timing t;
   for (int i = 0; i < warmup && t.error.empty(); ++i) t.error = once();
+  const double cpu_start = process_cpu_us();
   const Clock::time_point start = Clock::now();
   Clock::time_point prev = start;
   t.min_us = std::numeric_limits<double>::infinity();
@@ -155,6 +168,7 @@ Timing measure(int warmup, int iters, F&& once) {
     prev = now;
   }
   t.mean_us = us(prev - start) / iters;
+  t.cpu_us = (process_cpu_us() - cpu_start) / iters;
   if (t.min_us == std::numeric_limits<double>::infinity()) t.min_us = 0;  // the warm-up failed
   return t;
 }
@@ -218,6 +232,11 @@ struct Row {
   std::uint64_t retransmits;  // rank 0's during this row's treeduce operations
 };
 
+// This rank's CPU milliseconds per allreduced MiB (of each rank's input).
+double cpu_ms_per_mib(const Row& r, const Timing& t) {
+  return r.nbytes > 0 ? t.cpu_us / 1e3 / (static_cast<double>(r.nbytes) / (1 << 20)) : 0;
+}
+
 double algbw(const Row& r, const Timing& t) {
   return t.mean_us > 0 ? static_cast<double>(r.nbytes) / (t.mean_us * 1e3) : 0;
 }
@@ -255,8 +274,9 @@ std::string json_row(const Row& r, const std::vector<Outcome>& outs) {
   s += "\"time_us\":" + json_number(td_ok, 3, td.timing.mean_us) +
        ",\"min_us\":" + json_number(td_ok, 3, td.timing.min_us) +
        ",\"algbw_GBps\":" + json_number(td_ok, 4, td_bw) +
-       ",\"busbw_GBps\":" + json_number(td_ok, 4, td_bw * tree_bus(r.world)) + ",\"path\":\"" +
-       r.path + "\",\"wrong\":" + std::to_string(td.wrong) +
+       ",\"busbw_GBps\":" + json_number(td_ok, 4, td_bw * tree_bus(r.world)) +
+       ",\"cpu_ms_per_MiB\":" + json_number(td_ok, 4, cpu_ms_per_mib(r, td.timing)) +
+       ",\"path\":\"" + r.path + "\",\"wrong\":" + std::to_string(td.wrong) +
        ",\"fallbacks\":" + std::to_string(r.fallbacks) +
        ",\"retransmits\":" + std::to_string(r.retransmits) + "}";
   for (std::size_t i = 1; i < outs.size(); ++i) {
@@ -267,6 +287,7 @@ std::string json_row(const Row& r, const std::vector<Outcome>& outs) {
          ",\"min_us\":" + json_number(ok, 3, b.timing.min_us) +
          ",\"algbw_GBps\":" + json_number(ok, 4, bw) +
          ",\"busbw_GBps\":" + json_number(ok, 4, bw * ring_bus(r.world)) +
+         ",\"cpu_ms_per_MiB\":" + json_number(ok, 4, cpu_ms_per_mib(r, b.timing)) +
          ",\"wrong\":" + std::to_string(b.wrong) +
          ",\"speedup\":" + json_number(ok && td_ok, 5, b.timing.mean_us / td.timing.mean_us) + "}";
   }
