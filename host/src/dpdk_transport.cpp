@@ -171,7 +171,10 @@ class DpdkTransport final : public Transport {
     if (!up.ok()) return up.status().message();
     std::memcpy(self_.mac, up->mac.data(), 6);
     started_ = true;
-    if (zero_copy_) zero_copy_ = up->multi_seg_tx;  // what the port was configured with
+    if (zero_copy_ && !up->multi_seg_tx) {  // what the port was configured with
+      zero_copy_ = false;
+      tx_why_ = "TX copies each payload into its mbuf (the port took no multi-segment TX)";
+    }
     // The per-flow template: the headers of a full-size datagram, patched only for a shorter one.
     proto::write_l2_l4(template_.data(), self_, leaf_, datagram_bytes_);
     std::fprintf(stderr, "treeduce: info: DPDK port '%s' (%s): %s\n", opt.port_name.c_str(),
@@ -345,6 +348,9 @@ class DpdkTransport final : public Transport {
     for (std::size_t i = 0; i < n; ++i) {
       // Zero-copy: the header mbuf holds the headers only, the payload stays where the caller
       // has it (a retransmission attaches the same bytes again). Copying: one mbuf per frame.
+      // Measured (treeduce-bench-dpdk-tx, memif, payloads out of cache, memif's own copy
+      // included): 8 KiB 0.8-1.1 us per packet in send() zero-copy, 1.3-1.7 us copying; 1 KiB
+      // 211 ns against 240 ns.
       const bool attach = zero_copy_ && p[i].payload_len != 0;
       const std::size_t len = kL2L4Bytes + sizeof(proto::TdHdr) + (attach ? 0 : p[i].payload_len);
       auto* f = reinterpret_cast<std::uint8_t*>(
