@@ -540,7 +540,8 @@ int main(int argc, char** argv) {
   app.add_option("-m,--manager", manager, "manager address (or $TREEDUCE_MANAGER)")
       ->capture_default_str();
   app.add_flag("--json", as_json, "print JSON instead of a table");
-  treeduce::tls::TlsOptions tls = treeduce::tls::from_environment();
+  std::string tls_env_error;
+  treeduce::tls::TlsOptions tls = treeduce::tls::from_environment(&tls_env_error);
   app.add_option("--tls-ca", tls.ca, "CA certificate, PEM (or $TREEDUCE_TLS_CA)");
   app.add_option("--tls-cert", tls.cert, "this client's certificate, PEM (or $TREEDUCE_TLS_CERT)");
   app.add_option("--tls-key", tls.key, "its private key, PEM (or $TREEDUCE_TLS_KEY)");
@@ -548,6 +549,10 @@ int main(int argc, char** argv) {
                "talk to a manager without TLS (or $TREEDUCE_INSECURE=1; labs and tests)");
   // Checked only when a command talks to the manager (`treeduce lab` makes its own).
   const auto connect = [&]() -> bool {
+    if (!tls_env_error.empty()) {
+      std::cerr << "treeduce: " << tls_env_error << "\n";
+      return false;
+    }
     const std::string bad = treeduce::tls::check(
         tls,
         "--tls-ca, --tls-cert and --tls-key (or TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT and "

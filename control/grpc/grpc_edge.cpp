@@ -118,6 +118,11 @@ void to_proto(const ResourceProfile& p, pb::Resources* r) {
   r->set_deterministic(p.deterministic);
 }
 
+/// The caller's certificate name with TLS, "" without (--insecure: every caller is alike).
+std::string caller_identity(const grpc::ServerContext& ctx) {
+  return tls::peer_authenticated(ctx) ? tls::peer_name(ctx) : std::string();
+}
+
 }  // namespace
 
 class ManagerServer::Jobs final : public pb::JobService::Service {
@@ -142,6 +147,7 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
     a.dtype_mask = req->dtype_mask();
     a.op_mask = req->op_mask();
     a.deterministic = req->deterministic();
+    a.owner = caller_identity(*ctx);
     // Wait no longer than the caller will listen.
     std::uint64_t wait = std::min(req->wait_ms() ? req->wait_ms() : kDefaultWaitMs, kMaxWaitMs);
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -195,15 +201,17 @@ class ManagerServer::Jobs final : public pb::JobService::Service {
     return to_grpc(reg_.leave(req->job(), req->rank()));
   }
 
-  grpc::Status Abort(grpc::ServerContext*, const pb::AbortRequest* req, pb::AbortReply*) override {
-    // A credential, when given, must be the job's; without one only a gathering job can be
-    // aborted (the registry's rule): the rank that cannot start never joined.
+  grpc::Status Abort(grpc::ServerContext* ctx, const pb::AbortRequest* req,
+                     pb::AbortReply*) override {
+    // A credential, when given, must be the job's; without one only a gathering job of the
+    // caller's own identity can be aborted (the registry's rule): the rank that cannot start
+    // never joined.
     if (!req->credential().empty() && !reg_.credential_of(req->job()).empty())
       if (Status s = reg_.check_credential(req->job(), req->credential(), "Abort"); !s.ok())
         return to_grpc(s);
     std::optional<std::uint32_t> rank;
     if (req->rank_known()) rank = req->rank();
-    return to_grpc(reg_.abort(req->job(), rank, req->reason()));
+    return to_grpc(reg_.abort(req->job(), rank, req->reason(), caller_identity(*ctx)));
   }
 
  private:

@@ -1,7 +1,10 @@
 #include "grpc_tls.h"
 
 #include <grpc/grpc_security_constants.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -31,6 +34,16 @@ bool load(const TlsOptions& o, Pems* p, std::string* error) {
          read_file(o.key, "private key", &p->key, error);
 }
 
+// gRPC's file watcher reads the three files now and every reload_seconds after: a renewed
+// certificate takes effect without a restart. (It keeps what it had when a read fails or the
+// key does not match the certificate, e.g. while the files are being replaced.) The files were
+// read once before (load), so that a missing one is our sentence at start, not a failing
+// handshake later.
+std::shared_ptr<grpc::experimental::CertificateProviderInterface> watcher(const TlsOptions& o) {
+  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      o.key, o.cert, o.ca, std::max(1u, o.reload_seconds));
+}
+
 }  // namespace
 
 std::string check(const TlsOptions& o, const std::string& how_files,
@@ -48,10 +61,11 @@ std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsOptions& o,
   if (!o.secure()) return grpc::InsecureServerCredentials();
   Pems p;
   if (!load(o, &p, error)) return nullptr;
-  grpc::SslServerCredentialsOptions opt(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  opt.pem_root_certs = p.ca;
-  opt.pem_key_cert_pairs.push_back({p.key, p.cert});
-  return grpc::SslServerCredentials(opt);
+  grpc::experimental::TlsServerCredentialsOptions opt(watcher(o));
+  opt.watch_root_certs();
+  opt.watch_identity_key_cert_pairs();
+  opt.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  return grpc::experimental::TlsServerCredentials(opt);
 }
 
 std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TlsOptions& o,
@@ -59,11 +73,12 @@ std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TlsOptions& 
   if (!o.secure()) return grpc::InsecureChannelCredentials();
   Pems p;
   if (!load(o, &p, error)) return nullptr;
-  grpc::SslCredentialsOptions opt;
-  opt.pem_root_certs = p.ca;
-  opt.pem_private_key = p.key;
-  opt.pem_cert_chain = p.cert;
-  return grpc::SslCredentials(opt);
+  grpc::experimental::TlsChannelCredentialsOptions opt;
+  opt.set_certificate_provider(watcher(o));
+  opt.watch_root_certs();
+  opt.watch_identity_key_cert_pairs();
+  opt.set_verify_server_certs(true);  // against the CA, and its name against the address dialled
+  return grpc::experimental::TlsCredentials(opt);
 }
 
 std::string peer_name(const grpc::ServerContext& ctx) {
@@ -78,7 +93,7 @@ bool peer_authenticated(const grpc::ServerContext& ctx) {
   return auth && auth->IsPeerAuthenticated();
 }
 
-TlsOptions from_environment() {
+TlsOptions from_environment(std::string* error) {
   const auto get = [](const char* n) {
     const char* v = std::getenv(n);
     return v ? std::string(v) : std::string();
@@ -87,7 +102,10 @@ TlsOptions from_environment() {
   o.ca = get("TREEDUCE_TLS_CA");
   o.cert = get("TREEDUCE_TLS_CERT");
   o.key = get("TREEDUCE_TLS_KEY");
-  o.insecure = get("TREEDUCE_INSECURE") == "1";
+  const std::string insecure = get("TREEDUCE_INSECURE");
+  o.insecure = insecure == "1";
+  if (!insecure.empty() && insecure != "0" && insecure != "1" && error != nullptr)
+    *error = "TREEDUCE_INSECURE is '" + insecure + "'; it must be 0 or 1.";
   return o;
 }
 

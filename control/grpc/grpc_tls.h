@@ -29,6 +29,9 @@ struct TlsOptions {
   std::string cert;  ///< this end's certificate (chain)
   std::string key;   ///< its private key
   bool insecure = false;
+  /// How often the files are read again (seconds): a renewed certificate, key or CA put in
+  /// their place is used by every connection made after that (docs/deploy.md, "Renewing").
+  unsigned reload_seconds = 60;
   /// The certificates are given (all three paths).
   bool secure() const { return !ca.empty() && !cert.empty() && !key.empty(); }
 };
@@ -40,12 +43,13 @@ std::string check(const TlsOptions& o, const std::string& how_files,
                   const std::string& how_insecure);
 
 /// Server credentials: mutual TLS requiring and verifying a client certificate against the CA,
-/// or insecure. nullptr and a sentence in `*error` when a file cannot be read.
+/// or insecure. nullptr and a sentence in `*error` when a file cannot be read. The files are
+/// watched (TlsOptions::reload_seconds): new handshakes use what they hold then.
 std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsOptions& o,
                                                             std::string* error);
 /// Channel credentials presenting this end's certificate and verifying the server's against the
 /// CA (and its name against the address used, as usual for TLS). nullptr and a sentence in
-/// `*error` when a file cannot be read.
+/// `*error` when a file cannot be read. Watched like the server's.
 std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TlsOptions& o,
                                                               std::string* error);
 
@@ -54,8 +58,9 @@ std::string peer_name(const grpc::ServerContext& ctx);
 /// True when the call came over TLS (the server runs with certificates).
 bool peer_authenticated(const grpc::ServerContext& ctx);
 
-/// TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY and TREEDUCE_INSECURE=1 (libtreeduce,
-/// the CLI and the lab's tools read these).
-TlsOptions from_environment();
+/// TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY and TREEDUCE_INSECURE (libtreeduce,
+/// the CLI and the lab's tools read these). TREEDUCE_INSECURE is 1, or 0 / empty / unset; any
+/// other value leaves `insecure` false and puts a sentence in `*error` (when given).
+TlsOptions from_environment(std::string* error = nullptr);
 
 }  // namespace treeduce::tls

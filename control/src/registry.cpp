@@ -42,6 +42,17 @@ bool unreachable(const Status& s) {
   return s.code() == Code::unavailable || s.code() == Code::deadline_exceeded;
 }
 
+// A job belongs to the identity (certificate name) of the call that made it.
+Status not_owner(const std::string& job, const std::string& owner, const std::string& caller,
+                 const char* what) {
+  const auto who = [](const std::string& id) {
+    return id.empty() ? std::string("a caller without a certificate") : "identity '" + id + "'";
+  };
+  return permission_denied("Job '" + job + "' belongs to " + who(owner) + "; " + who(caller) +
+                           " cannot " + what +
+                           " it (a job's ranks share one identity; pick another job name).");
+}
+
 // A job's credential: 128 bits from the kernel's CSPRNG, in hex. Unguessable, unlike the tree
 // keys (splitmix), which only tell trees apart.
 std::string new_credential() {
@@ -180,8 +191,9 @@ Result<RankAssignment> JobRegistry::join(const JoinArgs& a, std::uint64_t wait_m
   if (closed_) return unavailable("The manager is shutting down; join again when it is back.");
   auto it = jobs_.find(a.job);
   if (it != jobs_.end() && it->second.aborted) {
-    // The rank that reported joins again: its environment was fixed, the job starts afresh.
-    if (it->second.aborted_rank != a.rank) return it->second.refusal;
+    // The rank that reported joins again: its environment was fixed, the job starts afresh. An
+    // abort another identity made is not from one of this job's ranks: it is forgotten.
+    if (it->second.aborted_rank != a.rank && it->second.owner == a.owner) return it->second.refusal;
     end_job(it);
     it = jobs_.end();
   }
@@ -192,8 +204,10 @@ Result<RankAssignment> JobRegistry::join(const JoinArgs& a, std::uint64_t wait_m
     it = jobs_.emplace(a.job, Job{}).first;
     it->second.params = a;
     it->second.credential = new_credential();
+    it->second.owner = a.owner;
   }
   Job& j = it->second;
+  if (j.owner != a.owner) return not_owner(a.job, j.owner, a.owner, "join");
   const JoinArgs& p = j.params;
   if (p.world != a.world)
     return invalid_argument("Rank " + std::to_string(a.rank) + " says job '" + a.job +
@@ -479,7 +493,7 @@ Status JobRegistry::leave(const std::string& job, std::uint32_t rank) {
 }
 
 Status JobRegistry::abort(const std::string& job, std::optional<std::uint32_t> rank,
-                          const std::string& why) {
+                          const std::string& why, const std::string& owner) {
   if (!good_job_name(job))
     return invalid_argument("A job name must be 1 to 128 letters, digits or . _ - : characters.");
   if (why.empty()) return invalid_argument("An abort needs a reason.");
@@ -491,8 +505,10 @@ Status JobRegistry::abort(const std::string& job, std::optional<std::uint32_t> r
                                 " jobs; try again later.");
     it = jobs_.emplace(job, Job{}).first;
     it->second.params.job = job;
+    it->second.owner = owner;
   }
   Job& j = it->second;
+  if (j.owner != owner) return not_owner(job, j.owner, owner, "abort");
   if (j.state == JobState::running)
     return failed_precondition("Job '" + job +
                                "' is running with all its ranks; a rank that cannot start is "
@@ -741,7 +757,8 @@ std::string JobRegistry::job_doc(const Job& j) const {
             {"refusal_code", int(j.refusal.code())},
             {"refusal", j.refusal.message()},
             {"key", j.key},
-            {"cred", j.credential}};
+            {"cred", j.credential},
+            {"owner", j.owner}};
   json ranks = json::array();
   for (const auto& [rank, r] : j.ranks)
     ranks.push_back({rank, topo_.hosts[r.host].name, r.port, r.left});
@@ -863,6 +880,7 @@ Result<std::size_t> JobRegistry::restore() {
       // A database from before credentials: a new one (its ranks are then refused).
       j.credential = d.value("cred", std::string());
       if (j.credential.empty()) j.credential = new_credential();
+      j.owner = d.value("owner", std::string());
       for (const json& r : d.at("ranks")) {
         std::int64_t h = topo_.find_host(r.at(1).get<std::string>());
         if (h < 0) throw std::runtime_error("host " + r.at(1).get<std::string>() + " is gone");

@@ -184,7 +184,10 @@ tdr_result_t tdr_comm_create(const tdr_options_t* opt, tdr_comm_t** comm) {
     o.world_size = opt->world_size;
     o.manager = str(opt->manager);
     // The C options have no TLS fields: their files come from the environment (docs/host.md).
-    const treeduce::tls::TlsOptions te = treeduce::tls::from_environment();
+    std::string tls_error;
+    const treeduce::tls::TlsOptions te = treeduce::tls::from_environment(&tls_error);
+    if (!tls_error.empty())
+      return static_cast<Result>(fail(nullptr, tdr_invalid_argument, tls_error));
     o.tls_ca = te.ca;
     o.tls_cert = te.cert;
     o.tls_key = te.key;

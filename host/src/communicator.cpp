@@ -40,10 +40,10 @@ namespace {
 // Retransmission: by default each chunk's first timeout comes from the adaptive timer
 // (RtoEstimator: the measured per-chunk latency, 10 ms before the first sample, within 2 to
 // 32 ms); TREEDUCE_RTO_US fixes it instead. The backoff doubles it up to 128 ms. A chunk that
-// gets no answer is sent 1 + 80 times over 2 + (4 + ... + 128) + 74 x 128 = 9726 ms (first
-// timeout at the 2 ms floor) to 32 + 64 + 79 x 128 = 10208 ms (at the 32 ms ceiling): a dead
-// switch fails the operation (or starts the fallback) 9.7 to 10.2 s after its last answer
-// (docs/host.md, "Failures").
+// gets no answer is sent 1 + max_retries times (80 by default: over 2 + (4 + ... + 128) +
+// 74 x 128 = 9726 ms with the first timeout at the 2 ms floor, to 32 + 64 + 79 x 128 = 10208 ms
+// at the 32 ms ceiling): a dead switch fails the operation (or starts the fallback) 9.7 to
+// 10.2 s after its last answer (docs/host.md, "Failures"; silence_ms() in network_loop.h).
 constexpr std::uint64_t kRtoMaxNs = 128'000'000;
 
 bool is_ipv4(const std::string& s) {
@@ -390,7 +390,7 @@ class CommunicatorImpl final : public Communicator {
       ec.rto_initial_ns = std::min<std::uint64_t>(opt_.rto_us * 1000ull, kRtoMaxNs);
     }
     ec.rto_max_ns = kRtoMaxNs;
-    ec.max_retries = kMaxRetries;
+    ec.max_retries = opt_.max_retries;
     network_ = std::make_unique<NetworkLoop>(std::move(transport).value(), ec, t.leaf_address,
                                              peers(), opt_.op_timeout_ms, stop_);
     return std::nullopt;

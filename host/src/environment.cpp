@@ -37,6 +37,19 @@ treeduce::Status number(const Var& v, std::uint64_t min, std::uint64_t max, std:
   return parse_number(v.name, v.value, min, max, out);
 }
 
+// A power of two from `min` to `max` (a window, a payload size): anything else, a word or a
+// number out of range too, gets the one sentence that says what is wanted.
+treeduce::Status power_of_two(const Var& v, std::uint64_t min, std::uint64_t max,
+                              std::uint64_t* out) {
+  std::uint64_t x = 0;
+  if (!number(v, min, max, &x).ok() || (x & (x - 1)) != 0)
+    return invalid_argument(std::string(v.name) + " is " + v.value +
+                            "; it must be a power of two from " + std::to_string(min) + " to " +
+                            std::to_string(max) + ".");
+  *out = x;
+  return treeduce::Status::Ok();
+}
+
 // The transport's variables (docs/host.md, "Environment"; TransportOptions).
 treeduce::Status parse_transport(const std::function<Var(std::initializer_list<const char*>)>& var,
                                  TransportOptions* t) {
@@ -174,17 +187,11 @@ treeduce::Status parse_static_tree(
     return st;
   s.child_index = std::uint16_t(x);
   if (const Var v = var({"TREEDUCE_STATIC_SLOTS"}); v.name) {
-    if (auto st = number(v, 0, 4096, &x); !st.ok()) return st;
-    if (proto::check_slots(x))
-      return invalid_argument(std::string(v.name) + " is " + v.value +
-                              "; it must be a power of two from 1 to 4096.");
+    if (auto st = power_of_two(v, 1, 4096, &x); !st.ok()) return st;
     s.slots = std::uint32_t(x);
   }
   if (const Var v = var({"TREEDUCE_STATIC_PAYLOAD_BYTES"}); v.name) {
-    if (auto st = number(v, 0, 8192, &x); !st.ok()) return st;
-    if (proto::check_payload_bytes(x))
-      return invalid_argument(std::string(v.name) + " is " + v.value +
-                              "; it must be a power of two from 256 to 8192.");
+    if (auto st = power_of_two(v, 256, 8192, &x); !st.ok()) return st;
     s.payload_bytes = std::uint32_t(x);
   }
   if (const Var v = var({"TREEDUCE_STATIC_DTYPES"}); v.name) {
@@ -366,18 +373,12 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
   // fit the path's MTU (docs/host.md).
   if (const Var v = first_of({"TREEDUCE_SLOTS"}); v.name) {
     std::uint64_t slots = 0;
-    if (auto s = number(v, 0, 4096, &slots); !s.ok()) return s;
-    if (proto::check_slots(slots))
-      return invalid_argument("TREEDUCE_SLOTS is " + v.value +
-                              "; it must be a power of two from 1 to 4096.");
+    if (auto s = power_of_two(v, 1, 4096, &slots); !s.ok()) return s;
     o.slots = std::uint32_t(slots);
   }
   if (const Var v = first_of({"TREEDUCE_PAYLOAD_BYTES"}); v.name) {
     std::uint64_t bytes = 0;
-    if (auto s = number(v, 0, 8192, &bytes); !s.ok()) return s;
-    if (proto::check_payload_bytes(bytes))
-      return invalid_argument("TREEDUCE_PAYLOAD_BYTES is " + v.value +
-                              "; it must be a power of two from 256 to 8192.");
+    if (auto s = power_of_two(v, 256, 8192, &bytes); !s.ok()) return s;
     o.payload_bytes = std::uint32_t(bytes);
   }
   // A deterministic tree (bit-reproducible sums, docs/numerics.md) asked of the manager.
@@ -390,6 +391,11 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
     std::uint64_t us = 0;
     if (auto s = number(v, 0, 128000, &us); !s.ok()) return s;
     o.rto_us = std::uint32_t(us);
+  }
+  if (const Var v = first_of({"TREEDUCE_MAX_RETRIES"}); v.name) {
+    std::uint64_t n = 0;
+    if (auto s = number(v, 1, 1000, &n); !s.ok()) return s;
+    o.max_retries = std::uint32_t(n);
   }
   if (const Var v = first_of({"TREEDUCE_PATH"}); v.name) {
     if (v.value == "auto") {

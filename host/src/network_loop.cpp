@@ -2,6 +2,7 @@
 // deadline, hand every datagram to it; then say how the operation ended.
 #include "network_loop.h"
 
+#include <cstdio>
 #include <ctime>
 #include <deque>
 #include <utility>
@@ -165,9 +166,19 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
 std::string NetworkLoop::no_answer() const {
   const EngineStats& st = engine_.stats();
   const std::string ip = leaf_address_.substr(0, leaf_address_.rfind(':'));
+  const EngineConfig& c = engine_.config();
+  const auto secs = [&](std::uint64_t first_ns) {
+    char b[16];
+    std::snprintf(b, sizeof b, "%.1f",
+                  double(silence_ms(first_ns, c.rto_max_ns, c.max_retries)) / 1e3);
+    return std::string(b);
+  };
+  const std::string span = c.adaptive_rto
+                               ? secs(c.rto.floor_ns) + " to " + secs(c.rto.ceiling_ns) + " s"
+                               : secs(c.rto_initial_ns) + " s";
   std::string s = "the network stopped answering: a chunk sent to the leaf switch at " +
-                  leaf_address_ + " got no result after " + std::to_string(kMaxRetries) +
-                  " retransmissions (9.7 to 10.2 s at the default timeout); ";
+                  leaf_address_ + " got no result after " + std::to_string(c.max_retries) +
+                  " retransmissions (" + span + " of silence); ";
   if (st.results == 0) {
     s += "no result ever came back to this rank, so check the route from this host to " + ip +
          " (ip route get " + ip + "), that " + leaf_address_ +

@@ -17,10 +17,19 @@
 
 namespace treeduce::host {
 
-/// A chunk that gets no answer is sent 1 + kMaxRetries times (docs/host.md, "Failures"): about
-/// 10 s of silence, so that ranks and a switch descheduled for seconds on a shared machine are
-/// not taken for dead (30, about 3.5 s, was not enough on 2 busy vCPUs).
-inline constexpr std::uint32_t kMaxRetries = 80;
+/// How long a chunk that gets no answer is retransmitted before the collective fails, in ms:
+/// the first timeout `first_ns`, doubling up to `max_ns`, 1 + `retries` timeouts in all
+/// (docs/host.md, "Failures"). The default 80 retries (Options::max_retries) give about 10 s of
+/// silence, so that ranks and a switch descheduled for seconds on a shared machine are not taken
+/// for dead (30, about 3.5 s, was not enough on 2 busy vCPUs).
+constexpr std::uint64_t silence_ms(std::uint64_t first_ns, std::uint64_t max_ns,
+                                   std::uint32_t retries) {
+  std::uint64_t sum = 0, t = first_ns;
+  for (std::uint32_t i = 0; i <= retries; ++i, t = t * 2 > max_ns ? max_ns : t * 2) sum += t;
+  return sum / 1'000'000;
+}
+static_assert(silence_ms(2'000'000, 128'000'000, 80) == 9726);
+static_assert(silence_ms(32'000'000, 128'000'000, 80) == 10208);
 
 /// Where a stream of operations comes from and where their completions go.
 class StreamSource {

@@ -1514,8 +1514,17 @@ int exec_in(const std::string& name, const std::string& host, const std::vector<
   const HostRec& h = find_host(s, host);
   if (cmd.empty()) throw Error("give the command after --: treeduce lab exec HOST -- CMD...", 2);
   if (std::string e = enter_netns(h.ns); !e.empty()) throw Error(e + ".");
-  setenv("TREEDUCE_LAB", s.name.c_str(), 1);
-  setenv("TREEDUCE_LAB_HOST", h.name.c_str(), 1);
+  // What a program needs to join a job from this host (docs/lab.md, "exec"); the job's name,
+  // rank and world size are the caller's to give.
+  const tls::TlsOptions job_tls = lab_tls(lab_dir(s.name), "job");
+  const std::map<std::string, std::string> env = {
+      {"TREEDUCE_LAB", s.name},          {"TREEDUCE_LAB_HOST", h.name},
+      {"TREEDUCE_MANAGER", s.manager},   {"TREEDUCE_HOST", h.ip},
+      {"TREEDUCE_BIND", h.ip},           {"TREEDUCE_FALLBACK_ADDRESS", h.mgmt_ip},
+      {"TREEDUCE_TLS_CA", job_tls.ca},   {"TREEDUCE_TLS_CERT", job_tls.cert},
+      {"TREEDUCE_TLS_KEY", job_tls.key},
+  };
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> a;
   for (const auto& x : cmd) a.push_back(const_cast<char*>(x.c_str()));
   a.push_back(nullptr);

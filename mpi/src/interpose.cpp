@@ -733,6 +733,33 @@ void setup(int thread_level) {
 
 const char* const kAllreduce = "MPI_Allreduce";
 
+[[noreturn]] void fatal(const char* call, const char* what) {
+  std::fprintf(stderr,
+               "treeduce-mpi: error: rank %d: %s: %s inside the interposer; aborting the job (the "
+               "other ranks may be inside the same call, so it cannot be redone through MPI "
+               "consistently)\n",
+               g().world_rank, call, what);
+  int init = 0, fin = 0;
+  PMPI_Initialized(&init);
+  PMPI_Finalized(&fin);
+  if (init != 0 && fin == 0) PMPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+// Every MPI_* entry point runs in here: an exception from inside the interposer (libtreeduce's
+// C++ API, an allocation) never crosses into the caller's C or Fortran frames (undefined
+// behaviour there); it aborts the job with a sentence instead (docs/mpi.md, "Failures").
+template <class F>
+int guarded(const char* call, F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    fatal(call, e.what());
+  } catch (...) {
+    fatal(call, "an exception that is not a std::exception");
+  }
+}
+
 }  // namespace
 }  // namespace treeduce::mpi
 
@@ -746,40 +773,46 @@ extern "C" {
 // completes offloaded MPI_Iallreduce requests calls PMPI. The caller is told the level it asked
 // for (or less, if that is all MPI gives).
 int MPI_Init(int* argc, char*** argv) {
-  if (!wants_progress_thread()) {
-    const int rc = PMPI_Init(argc, argv);
-    if (rc == MPI_SUCCESS) setup(MPI_THREAD_SINGLE);
+  return guarded("MPI_Init", [&]() -> int {
+    if (!wants_progress_thread()) {
+      const int rc = PMPI_Init(argc, argv);
+      if (rc == MPI_SUCCESS) setup(MPI_THREAD_SINGLE);
+      return rc;
+    }
+    int provided = MPI_THREAD_SINGLE;
+    const int rc = PMPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    if (rc == MPI_SUCCESS) setup(provided);
     return rc;
-  }
-  int provided = MPI_THREAD_SINGLE;
-  const int rc = PMPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
-  if (rc == MPI_SUCCESS) setup(provided);
-  return rc;
+  });
 }
 
 int MPI_Init_thread(int* argc, char*** argv, int required, int* provided) {
-  const int ask = wants_progress_thread() ? MPI_THREAD_MULTIPLE : required;
-  int got = MPI_THREAD_SINGLE;
-  const int rc = PMPI_Init_thread(argc, argv, ask, &got);
-  if (rc == MPI_SUCCESS) setup(got);
-  if (provided != nullptr) *provided = got < required ? got : required;
-  return rc;
+  return guarded("MPI_Init_thread", [&]() -> int {
+    const int ask = wants_progress_thread() ? MPI_THREAD_MULTIPLE : required;
+    int got = MPI_THREAD_SINGLE;
+    const int rc = PMPI_Init_thread(argc, argv, ask, &got);
+    if (rc == MPI_SUCCESS) setup(got);
+    if (provided != nullptr) *provided = got < required ? got : required;
+    return rc;
+  });
 }
 
 int MPI_Finalize(void) {
-  if (g().active) {
-    std::vector<CommState*> live;
-    {
-      std::lock_guard lk(g().mu);
-      for (const auto& s : g().states) live.push_back(s.get());
+  return guarded("MPI_Finalize", [&]() -> int {
+    if (g().active) {
+      std::vector<CommState*> live;
+      {
+        std::lock_guard lk(g().mu);
+        for (const auto& s : g().states) live.push_back(s.get());
+      }
+      for (CommState* s : live) drain(s);
+      stop_progress_thread();
+      for (CommState* s : live) leave(s);
+      if (g().cfg.stats) print_stats();
+      g().active = false;
     }
-    for (CommState* s : live) drain(s);
-    stop_progress_thread();
-    for (CommState* s : live) leave(s);
-    if (g().cfg.stats) print_stats();
-    g().active = false;
-  }
-  return PMPI_Finalize();
+    return PMPI_Finalize();
+  });
 }
 
 // Communicators made from others: labelled after their parent, joined lazily.
@@ -791,229 +824,247 @@ static void label_new(MPI_Comm parent, MPI_Comm* out, const char* how) {
 }
 
 int MPI_Comm_dup(MPI_Comm comm, MPI_Comm* newcomm) {
-  const int rc = PMPI_Comm_dup(comm, newcomm);
-  if (rc == MPI_SUCCESS) label_new(comm, newcomm, "MPI_Comm_dup");
-  return rc;
+  return guarded("MPI_Comm_dup", [&]() -> int {
+    const int rc = PMPI_Comm_dup(comm, newcomm);
+    if (rc == MPI_SUCCESS) label_new(comm, newcomm, "MPI_Comm_dup");
+    return rc;
+  });
 }
 
 int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm* newcomm) {
-  const int rc = PMPI_Comm_split(comm, color, key, newcomm);
-  if (rc == MPI_SUCCESS) label_new(comm, newcomm, "MPI_Comm_split");
-  return rc;
+  return guarded("MPI_Comm_split", [&]() -> int {
+    const int rc = PMPI_Comm_split(comm, color, key, newcomm);
+    if (rc == MPI_SUCCESS) label_new(comm, newcomm, "MPI_Comm_split");
+    return rc;
+  });
 }
 
 int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm* newcomm) {
-  const int rc = PMPI_Comm_create(comm, group, newcomm);
-  if (rc == MPI_SUCCESS) label_new(comm, newcomm, "MPI_Comm_create");
-  return rc;
+  return guarded("MPI_Comm_create", [&]() -> int {
+    const int rc = PMPI_Comm_create(comm, group, newcomm);
+    if (rc == MPI_SUCCESS) label_new(comm, newcomm, "MPI_Comm_create");
+    return rc;
+  });
 }
 
 int MPI_Comm_free(MPI_Comm* comm) {
-  // Pending offloaded operations end before the job is left (MPI_Comm_free is collective, so
-  // every rank is here to agree on them); the attribute's delete callback then leaves.
-  if (g().active && comm != nullptr && *comm != MPI_COMM_NULL) {
-    void* attr = nullptr;
-    int flag = 0;
-    PMPI_Comm_get_attr(*comm, g().keyval, &attr, &flag);
-    if (flag != 0) drain(static_cast<CommState*>(attr));
-  }
-  return PMPI_Comm_free(comm);
+  return guarded("MPI_Comm_free", [&]() -> int {
+    // Pending offloaded operations end before the job is left (MPI_Comm_free is collective, so
+    // every rank is here to agree on them); the attribute's delete callback then leaves.
+    if (g().active && comm != nullptr && *comm != MPI_COMM_NULL) {
+      void* attr = nullptr;
+      int flag = 0;
+      PMPI_Comm_get_attr(*comm, g().keyval, &attr, &flag);
+      if (flag != 0) drain(static_cast<CommState*>(attr));
+    }
+    return PMPI_Comm_free(comm);
+  });
 }
 
 int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
                   MPI_Comm comm) {
-  CommState* s = g().active ? state_of(comm) : nullptr;
-  if (s == nullptr) return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-  drain(s);
-  tdr_dtype_t d{};
-  tdr_op_t o{};
-  std::uint64_t bytes = 0;
-  if (auto why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes)) {
-    count_passed(s, kAllreduce, *why);
-    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-  }
-  const bool in_place = sendbuf == MPI_IN_PLACE;
-  // In place, results overwrite the inputs chunk by chunk: a redo needs a copy (one memcpy).
-  std::vector<unsigned char> saved;
-  if (in_place) {
-    saved.assign(static_cast<unsigned char*>(recvbuf),
-                 static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
-  }
-  const tdr_result_t r =
-      to_c(s->tdr->allreduce(in_place ? recvbuf : sendbuf, recvbuf, static_cast<std::size_t>(count),
-                             to_cpp(d), to_cpp(o)));
-  if (agree(s, r, kAllreduce)) return MPI_SUCCESS;
-  if (in_place) {
-    std::memcpy(recvbuf, saved.data(), saved.size());
-    return PMPI_Allreduce(MPI_IN_PLACE, recvbuf, count, datatype, op, s->shadow);
-  }
-  return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, s->shadow);
+  return guarded("MPI_Allreduce", [&]() -> int {
+    CommState* s = g().active ? state_of(comm) : nullptr;
+    if (s == nullptr) return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    drain(s);
+    tdr_dtype_t d{};
+    tdr_op_t o{};
+    std::uint64_t bytes = 0;
+    if (auto why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes)) {
+      count_passed(s, kAllreduce, *why);
+      return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    }
+    const bool in_place = sendbuf == MPI_IN_PLACE;
+    // In place, results overwrite the inputs chunk by chunk: a redo needs a copy (one memcpy).
+    std::vector<unsigned char> saved;
+    if (in_place) {
+      saved.assign(static_cast<unsigned char*>(recvbuf),
+                   static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
+    }
+    const tdr_result_t r =
+        to_c(s->tdr->allreduce(in_place ? recvbuf : sendbuf, recvbuf,
+                               static_cast<std::size_t>(count), to_cpp(d), to_cpp(o)));
+    if (agree(s, r, kAllreduce)) return MPI_SUCCESS;
+    if (in_place) {
+      std::memcpy(recvbuf, saved.data(), saved.size());
+      return PMPI_Allreduce(MPI_IN_PLACE, recvbuf, count, datatype, op, s->shadow);
+    }
+    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, s->shadow);
+  });
 }
 
 int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
                int root, MPI_Comm comm) {
-  CommState* s = g().active ? state_of(comm) : nullptr;
-  if (s == nullptr) return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
-  drain(s);
-  tdr_dtype_t d{};
-  tdr_op_t o{};
-  std::uint64_t bytes = 0;
-  std::optional<std::string> why;
-  if (root < 0 || root >= s->size)
-    why = "the root is not a rank of it";
-  else
-    why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes);
-  if (why) {
-    count_passed(s, "MPI_Reduce", *why);
-    return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
-  }
-  const bool in_place = sendbuf == MPI_IN_PLACE && s->rank == root;
-  std::vector<unsigned char> saved;
-  if (in_place) {
-    saved.assign(static_cast<unsigned char*>(recvbuf),
-                 static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
-  }
-  const tdr_result_t r = to_c(s->tdr->reduce(
-      in_place ? recvbuf : sendbuf, s->rank == root ? recvbuf : nullptr,
-      static_cast<std::size_t>(count), to_cpp(d), to_cpp(o), static_cast<std::uint32_t>(root)));
-  if (agree(s, r, "MPI_Reduce")) return MPI_SUCCESS;
-  if (in_place) {
-    std::memcpy(recvbuf, saved.data(), saved.size());
-    return PMPI_Reduce(MPI_IN_PLACE, recvbuf, count, datatype, op, root, s->shadow);
-  }
-  return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, s->shadow);
+  return guarded("MPI_Reduce", [&]() -> int {
+    CommState* s = g().active ? state_of(comm) : nullptr;
+    if (s == nullptr) return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
+    drain(s);
+    tdr_dtype_t d{};
+    tdr_op_t o{};
+    std::uint64_t bytes = 0;
+    std::optional<std::string> why;
+    if (root < 0 || root >= s->size)
+      why = "the root is not a rank of it";
+    else
+      why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes);
+    if (why) {
+      count_passed(s, "MPI_Reduce", *why);
+      return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
+    }
+    const bool in_place = sendbuf == MPI_IN_PLACE && s->rank == root;
+    std::vector<unsigned char> saved;
+    if (in_place) {
+      saved.assign(static_cast<unsigned char*>(recvbuf),
+                   static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
+    }
+    const tdr_result_t r = to_c(s->tdr->reduce(
+        in_place ? recvbuf : sendbuf, s->rank == root ? recvbuf : nullptr,
+        static_cast<std::size_t>(count), to_cpp(d), to_cpp(o), static_cast<std::uint32_t>(root)));
+    if (agree(s, r, "MPI_Reduce")) return MPI_SUCCESS;
+    if (in_place) {
+      std::memcpy(recvbuf, saved.data(), saved.size());
+      return PMPI_Reduce(MPI_IN_PLACE, recvbuf, count, datatype, op, root, s->shadow);
+    }
+    return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, s->shadow);
+  });
 }
 
 int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
-  CommState* s = g().active ? state_of(comm) : nullptr;
-  if (s == nullptr) return PMPI_Bcast(buffer, count, datatype, root, comm);
-  drain(s);
-  tdr_dtype_t d{};
-  tdr_op_t o{};
-  std::uint64_t bytes = 0;
-  std::optional<std::string> why;
-  int type_size = 0;
-  if (root < 0 || root >= s->size)
-    why = "the root is not a rank of it";
-  else if (datatype == MPI_DATATYPE_NULL)
-    why = "MPI_DATATYPE_NULL";
-  else if (PMPI_Type_size(datatype, &type_size) != MPI_SUCCESS || count <= 0 || type_size <= 0)
-    why = "no elements";
-  else
-    why = decide(s, comm, datatype, MPI_OP_NULL, count, false, &d, &o, &bytes);
-  if (why) {
-    count_passed(s, "MPI_Bcast", *why);
-    return PMPI_Bcast(buffer, count, datatype, root, comm);
-  }
-  // A contiguous predefined datatype goes as it lies; any other (a rank may describe the same
-  // bytes with a derived datatype while the others do not) is packed into MPI's contiguous form
-  // and unpacked, so that every rank takes the same path.
-  tdr_result_t r = tdr_ok;
-  if (bcast_element_bytes(datatype) != 0) {
-    // The root's buffer is only read (libtreeduce copies it), the others' rewritten by a redo.
-    r = to_c(s->tdr->broadcast(buffer, static_cast<std::size_t>(bytes), treeduce::DType::u8,
-                               static_cast<std::uint32_t>(root)));
-  } else {
-    int packed_max = 0;
-    PMPI_Pack_size(count, datatype, s->shadow, &packed_max);
-    std::vector<unsigned char> packed(
-        std::max(static_cast<std::size_t>(packed_max), static_cast<std::size_t>(bytes)));
-    int position = 0;
-    if (s->rank == root) {
-      PMPI_Pack(buffer, count, datatype, packed.data(), static_cast<int>(packed.size()), &position,
-                s->shadow);
+  return guarded("MPI_Bcast", [&]() -> int {
+    CommState* s = g().active ? state_of(comm) : nullptr;
+    if (s == nullptr) return PMPI_Bcast(buffer, count, datatype, root, comm);
+    drain(s);
+    tdr_dtype_t d{};
+    tdr_op_t o{};
+    std::uint64_t bytes = 0;
+    std::optional<std::string> why;
+    int type_size = 0;
+    if (root < 0 || root >= s->size)
+      why = "the root is not a rank of it";
+    else if (datatype == MPI_DATATYPE_NULL)
+      why = "MPI_DATATYPE_NULL";
+    else if (PMPI_Type_size(datatype, &type_size) != MPI_SUCCESS || count <= 0 || type_size <= 0)
+      why = "no elements";
+    else
+      why = decide(s, comm, datatype, MPI_OP_NULL, count, false, &d, &o, &bytes);
+    if (why) {
+      count_passed(s, "MPI_Bcast", *why);
+      return PMPI_Bcast(buffer, count, datatype, root, comm);
     }
-    if (s->rank == root && static_cast<std::uint64_t>(position) != bytes) {
-      warn(s, "MPI_Pack of the MPI_Bcast buffer gave " + bytes_str(position) + ", not " +
-                  bytes_str(bytes));
-      r = tdr_internal;  // the other ranks' broadcast fails at its timeout: all redo it
+    // A contiguous predefined datatype goes as it lies; any other (a rank may describe the same
+    // bytes with a derived datatype while the others do not) is packed into MPI's contiguous form
+    // and unpacked, so that every rank takes the same path.
+    tdr_result_t r = tdr_ok;
+    if (bcast_element_bytes(datatype) != 0) {
+      // The root's buffer is only read (libtreeduce copies it), the others' rewritten by a redo.
+      r = to_c(s->tdr->broadcast(buffer, static_cast<std::size_t>(bytes), treeduce::DType::u8,
+                                 static_cast<std::uint32_t>(root)));
     } else {
-      r = to_c(s->tdr->broadcast(packed.data(), static_cast<std::size_t>(bytes),
-                                 treeduce::DType::u8, static_cast<std::uint32_t>(root)));
+      int packed_max = 0;
+      PMPI_Pack_size(count, datatype, s->shadow, &packed_max);
+      std::vector<unsigned char> packed(
+          std::max(static_cast<std::size_t>(packed_max), static_cast<std::size_t>(bytes)));
+      int position = 0;
+      if (s->rank == root) {
+        PMPI_Pack(buffer, count, datatype, packed.data(), static_cast<int>(packed.size()),
+                  &position, s->shadow);
+      }
+      if (s->rank == root && static_cast<std::uint64_t>(position) != bytes) {
+        warn(s, "MPI_Pack of the MPI_Bcast buffer gave " + bytes_str(position) + ", not " +
+                    bytes_str(bytes));
+        r = tdr_internal;  // the other ranks' broadcast fails at its timeout: all redo it
+      } else {
+        r = to_c(s->tdr->broadcast(packed.data(), static_cast<std::size_t>(bytes),
+                                   treeduce::DType::u8, static_cast<std::uint32_t>(root)));
+      }
+      const bool all_ok = agree(s, r, "MPI_Bcast");
+      if (all_ok && s->rank != root) {
+        position = 0;
+        PMPI_Unpack(packed.data(), static_cast<int>(packed.size()), &position, buffer, count,
+                    datatype, s->shadow);
+      }
+      return all_ok ? MPI_SUCCESS : PMPI_Bcast(buffer, count, datatype, root, s->shadow);
     }
-    const bool all_ok = agree(s, r, "MPI_Bcast");
-    if (all_ok && s->rank != root) {
-      position = 0;
-      PMPI_Unpack(packed.data(), static_cast<int>(packed.size()), &position, buffer, count,
-                  datatype, s->shadow);
-    }
-    return all_ok ? MPI_SUCCESS : PMPI_Bcast(buffer, count, datatype, root, s->shadow);
-  }
-  if (agree(s, r, "MPI_Bcast")) return MPI_SUCCESS;
-  return PMPI_Bcast(buffer, count, datatype, root, s->shadow);
+    if (agree(s, r, "MPI_Bcast")) return MPI_SUCCESS;
+    return PMPI_Bcast(buffer, count, datatype, root, s->shadow);
+  });
 }
 
 int MPI_Barrier(MPI_Comm comm) {
-  CommState* s = g().active ? state_of(comm) : nullptr;
-  if (s == nullptr) return PMPI_Barrier(comm);
-  drain(s);
-  tdr_dtype_t d{};
-  tdr_op_t o{};
-  std::uint64_t bytes = 0;
-  if (auto why = decide(s, comm, MPI_DATATYPE_NULL, MPI_OP_NULL, 0, false, &d, &o, &bytes)) {
-    count_passed(s, "MPI_Barrier", *why);
-    return PMPI_Barrier(comm);
-  }
-  // The agreement is itself a barrier of every rank: a failed network barrier needs no redo.
-  agree(s, to_c(s->tdr->barrier()), "MPI_Barrier");
-  return MPI_SUCCESS;
+  return guarded("MPI_Barrier", [&]() -> int {
+    CommState* s = g().active ? state_of(comm) : nullptr;
+    if (s == nullptr) return PMPI_Barrier(comm);
+    drain(s);
+    tdr_dtype_t d{};
+    tdr_op_t o{};
+    std::uint64_t bytes = 0;
+    if (auto why = decide(s, comm, MPI_DATATYPE_NULL, MPI_OP_NULL, 0, false, &d, &o, &bytes)) {
+      count_passed(s, "MPI_Barrier", *why);
+      return PMPI_Barrier(comm);
+    }
+    // The agreement is itself a barrier of every rank: a failed network barrier needs no redo.
+    agree(s, to_c(s->tdr->barrier()), "MPI_Barrier");
+    return MPI_SUCCESS;
+  });
 }
 
 int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
                    MPI_Comm comm, MPI_Request* request) {
-  CommState* s = g().active ? state_of(comm) : nullptr;
-  if (s == nullptr) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
-  tdr_dtype_t d{};
-  tdr_op_t o{};
-  std::uint64_t bytes = 0;
-  std::optional<std::string> why;
-  if (!g().thread_multiple) {
-    why =
-        "MPI gave no MPI_THREAD_MULTIPLE on some rank, which the interposer's progress thread "
-        "needs";
-  } else {
-    why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes);
-  }
-  if (why) {
-    count_passed(s, "MPI_Iallreduce", *why);
-    return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
-  }
-  auto* p = new PendingOp;
-  p->comm = s;
-  p->send = sendbuf;
-  p->recv = recvbuf;
-  p->count = count;
-  p->dtype = datatype;
-  p->op = op;
-  const bool in_place = sendbuf == MPI_IN_PLACE;
-  if (in_place) {
-    p->saved.assign(static_cast<unsigned char*>(recvbuf),
-                    static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
-  }
-  const tdr_result_t r =
-      to_c(s->tdr->iallreduce(in_place ? recvbuf : sendbuf, recvbuf,
-                              static_cast<std::size_t>(count), to_cpp(d), to_cpp(o), &p->req));
-  p->started = r == tdr_ok;
-  p->ok = 0;
-  if (r != tdr_ok) {
-    warn(s, std::string("MPI_Iallreduce could not start on the network path here: ") +
-                s->tdr->last_error());
-  }
-  const int rc = PMPI_Grequest_start(query_fn, free_fn, cancel_fn, p, request);
-  if (rc != MPI_SUCCESS) {
-    if (p->started) s->tdr->wait(p->req);
-    delete p;
-    return rc;
-  }
-  p->greq = *request;
-  start_progress_thread();
-  {
-    std::lock_guard lk(g().mu);
-    s->pending.push_back(p);
-    g().queued = true;
-  }
-  g().cv.notify_all();
-  return MPI_SUCCESS;
+  return guarded("MPI_Iallreduce", [&]() -> int {
+    CommState* s = g().active ? state_of(comm) : nullptr;
+    if (s == nullptr) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+    tdr_dtype_t d{};
+    tdr_op_t o{};
+    std::uint64_t bytes = 0;
+    std::optional<std::string> why;
+    if (!g().thread_multiple) {
+      why =
+          "MPI gave no MPI_THREAD_MULTIPLE on some rank, which the interposer's progress thread "
+          "needs";
+    } else {
+      why = decide(s, comm, datatype, op, count, true, &d, &o, &bytes);
+    }
+    if (why) {
+      count_passed(s, "MPI_Iallreduce", *why);
+      return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+    }
+    auto* p = new PendingOp;
+    p->comm = s;
+    p->send = sendbuf;
+    p->recv = recvbuf;
+    p->count = count;
+    p->dtype = datatype;
+    p->op = op;
+    const bool in_place = sendbuf == MPI_IN_PLACE;
+    if (in_place) {
+      p->saved.assign(static_cast<unsigned char*>(recvbuf),
+                      static_cast<unsigned char*>(recvbuf) + span_bytes(datatype, count));
+    }
+    const tdr_result_t r =
+        to_c(s->tdr->iallreduce(in_place ? recvbuf : sendbuf, recvbuf,
+                                static_cast<std::size_t>(count), to_cpp(d), to_cpp(o), &p->req));
+    p->started = r == tdr_ok;
+    p->ok = 0;
+    if (r != tdr_ok) {
+      warn(s, std::string("MPI_Iallreduce could not start on the network path here: ") +
+                  s->tdr->last_error());
+    }
+    const int rc = PMPI_Grequest_start(query_fn, free_fn, cancel_fn, p, request);
+    if (rc != MPI_SUCCESS) {
+      if (p->started) s->tdr->wait(p->req);
+      delete p;
+      return rc;
+    }
+    p->greq = *request;
+    start_progress_thread();
+    {
+      std::lock_guard lk(g().mu);
+      s->pending.push_back(p);
+      g().queued = true;
+    }
+    g().cv.notify_all();
+    return MPI_SUCCESS;
+  });
 }
 
 }  // extern "C"

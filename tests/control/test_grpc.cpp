@@ -799,7 +799,7 @@ const std::string& certs() {
     const std::string make =
         std::string(TREEDUCE_SOURCE_ROOT) + "/deploy/examples/make-certs.sh " + d + " ";
     for (const std::string what :
-         {"ca", "treeduce-manager IP:127.0.0.1", "treeduce-admin", "leaf0", "job"})
+         {"ca", "treeduce-manager IP:127.0.0.1", "treeduce-admin", "leaf0", "job", "job2"})
       EXPECT_EQ(std::system((make + what + " >/dev/null").c_str()), 0) << what;
     return d;
   }();
@@ -928,6 +928,106 @@ TEST_F(TlsManager, IdentitiesDecideWhoMayDoWhat) {
             "certificate names the switch (CN).");
   EXPECT_EQ(register_as("job", "leaf0").error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_TRUE(register_as("leaf0", "leaf0").ok());
+}
+
+// A job belongs to the identity of its first Join: another certificate of the CA can neither
+// join it nor abort it without its credential; an abort it makes for a job not yet known does not
+// touch the job another identity then starts; the owner's own abort works.
+TEST_F(TlsManager, AJobBelongsToTheIdentityThatStartedIt) {
+  const auto join_as = [&](const std::string& who, const std::string& job, std::uint32_t rank) {
+    grpc::ClientContext ctx;
+    pb::JoinRequest r;
+    r.set_job(job);
+    r.set_rank(rank);
+    r.set_world_size(3);  // rank 2 never comes: the job stays gathering (no switch to install on)
+    r.set_host("h" + std::to_string(rank));
+    r.set_port(5000);
+    r.set_wait_ms(1);  // returns DEADLINE_EXCEEDED at once; the rank stays joined
+    pb::JoinReply rep;
+    return pb::JobService::NewStub(channel(who))->Join(&ctx, r, &rep);
+  };
+  const auto abort_as = [&](const std::string& who, const std::string& job) {
+    grpc::ClientContext ctx;
+    pb::AbortRequest r;
+    r.set_job(job);
+    r.set_reason("TREEDUCE_SLOTS is 3.");
+    pb::AbortReply rep;
+    return pb::JobService::NewStub(channel(who))->Abort(&ctx, r, &rep);
+  };
+  EXPECT_EQ(join_as("job", "j", 0).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  grpc::Status s = join_as("job2", "j", 1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Job 'j' belongs to identity 'job'; identity 'job2' cannot join it (a job's ranks "
+            "share one identity; pick another job name).");
+  s = abort_as("job2", "j");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "Job 'j' belongs to identity 'job'; identity 'job2' cannot abort it (a job's ranks "
+            "share one identity; pick another job name).");
+  EXPECT_EQ(join_as("job", "j", 1).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << "the refused calls left the job gathering";
+
+  // job2 aborts a job not yet known; the ranks of 'job' that then start 'k' never see it.
+  ASSERT_TRUE(abort_as("job2", "k").ok());
+  EXPECT_EQ(join_as("job", "k", 0).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The owner's abort without a credential fails its gathering job for every rank.
+  ASSERT_TRUE(abort_as("job", "k").ok());
+  s = join_as("job", "k", 1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "A rank of job 'k' cannot start: TREEDUCE_SLOTS is 3. Fix its environment and start "
+            "the job again.");
+}
+
+// Renewed certificates take effect without a restart: the manager's CA, certificate and key are
+// replaced by those of another CA (each file renamed into place, as docs/deploy.md says); new
+// connections then need the new CA's certificates and the old ones are refused.
+TEST(TlsRenewal, AManagerUsesReplacedCertificatesWithoutARestart) {
+  namespace fs = std::filesystem;
+  const std::string dir = temp_dir("renew");
+  const std::string make = std::string(TREEDUCE_SOURCE_ROOT) + "/deploy/examples/make-certs.sh ";
+  for (const std::string ca : {"old", "new"})
+    for (const std::string what : {"ca", "treeduce-manager IP:127.0.0.1", "job"})
+      ASSERT_EQ(std::system((make + dir + "/" + ca + " " + what + " >/dev/null").c_str()), 0);
+  const auto place = [&](const std::string& ca) {  // the manager's files, each renamed in place
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"ca.pem", "ca.pem"},
+                                   {"treeduce-manager.key", "manager.key"},
+                                   {"treeduce-manager.pem", "manager.pem"}}) {
+      fs::copy_file(dir + "/" + ca + "/" + from, dir + "/tmp",
+                    fs::copy_options::overwrite_existing);
+      fs::rename(dir + "/tmp", dir + "/" + to);
+    }
+  };
+  place("old");
+  Topology topo = *load_topology_yaml(doc_yaml());
+  GrpcSwitchClient client{1000, {}};
+  RegistryOptions o;
+  o.require_registration = false;
+  JobRegistry reg(topo, client, o);
+  tls::TlsOptions mine{dir + "/ca.pem", dir + "/manager.pem", dir + "/manager.key", false};
+  mine.reload_seconds = 1;
+  ManagerServer server(reg, "127.0.0.1:0", 25, mine);
+  ASSERT_TRUE(server.ok()) << server.error();
+  const std::string addr = "127.0.0.1:" + std::to_string(server.port());
+  const auto list_as = [&](const std::string& ca) {  // a new channel: a new handshake
+    const std::string d = dir + "/" + ca + "/";
+    std::string error;
+    auto c = tls::channel_credentials({d + "ca.pem", d + "job.pem", d + "job.key", false}, &error);
+    EXPECT_TRUE(c) << error;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::SwitchList sl;
+    return pb::Query::NewStub(grpc::CreateChannel(addr, c))
+        ->ListSwitches(&ctx, pb::ListRequest(), &sl);
+  };
+  EXPECT_TRUE(list_as("old").ok());
+  EXPECT_EQ(list_as("new").error_code(), grpc::StatusCode::UNAVAILABLE);
+  place("new");
+  EXPECT_TRUE(eventually([&] { return list_as("new").ok(); }, 120000))
+      << "the manager never took the new certificates";
+  EXPECT_EQ(list_as("old").error_code(), grpc::StatusCode::UNAVAILABLE);
+  fs::remove_all(dir);
 }
 
 // The daemon refuses to start without certificates unless told --insecure, in one sentence.

@@ -301,6 +301,40 @@ TEST_F(Fixture, AbortFailsTheJobForEveryRankWithTheReason) {
   EXPECT_EQ(reg->abort("x", 0, "").code(), Code::invalid_argument);
 }
 
+// A job belongs to the identity of the join (or abort) that made it: another identity's join
+// and abort are refused and change nothing; an abort held for a job not yet known applies to
+// its own identity's joins only, and another identity's join starts the job afresh.
+TEST_F(Fixture, AJobBelongsToTheIdentityThatMadeIt) {
+  const std::string why = "TREEDUCE_SLOTS is 3.";
+  auto as = [](JoinArgs a, const std::string& who) {
+    a.owner = who;
+    return a;
+  };
+  EXPECT_EQ(reg->join(as(args("o", 0, 2, "h0-0"), "ann"), 1).status().code(),
+            Code::deadline_exceeded);
+  auto r = reg->join(as(args("o", 1, 2, "h0-1"), "bob"), 1);
+  EXPECT_EQ(r.status().code(), Code::permission_denied);
+  EXPECT_EQ(r.status().message(),
+            "Job 'o' belongs to identity 'ann'; identity 'bob' cannot join it (a job's ranks "
+            "share one identity; pick another job name).");
+  EXPECT_EQ(reg->join(as(args("o", 1, 2, "h0-1"), ""), 1).status().message(),
+            "Job 'o' belongs to identity 'ann'; a caller without a certificate cannot join it (a "
+            "job's ranks share one identity; pick another job name).");
+  EXPECT_EQ(reg->abort("o", 1, why, "bob").code(), Code::permission_denied);
+  ASSERT_EQ(reg->jobs().size(), 1u);
+  EXPECT_EQ(reg->jobs()[0].state, JobState::gathering);
+  EXPECT_EQ(reg->jobs()[0].joined, 1u);
+  // bob's abort of a job not yet known does not reach ann's ranks; ann's own does.
+  ASSERT_TRUE(reg->abort("p", 1, why, "bob").ok());
+  EXPECT_EQ(reg->join(as(args("p", 0, 2, "h0-0", 5001), "ann"), 1).status().code(),
+            Code::deadline_exceeded);
+  ASSERT_TRUE(reg->abort("p", 1, why, "ann").ok());
+  EXPECT_EQ(reg->join(as(args("p", 0, 2, "h0-0", 5001), "ann"), 1).status().code(),
+            Code::invalid_argument);
+  // The owner completes its job.
+  EXPECT_TRUE(reg->join(as(args("o", 1, 2, "h0-1"), "ann"), 5000).ok());
+}
+
 TEST_F(Fixture, LeasesExpireAndFreeResources) {
   ASSERT_EQ(join_all("j", {"h0-0", "h1-0"}).size(), 2u);
   ASSERT_EQ(client.total(), 3u);
@@ -416,7 +450,11 @@ TEST_F(Fixture, RestartKeepsJobsAndTreesWithoutTouchingSwitches) {
   make(false);
   auto res = join_all("j", {"h0-0", "h1-0", "h1-1"});
   ASSERT_TRUE(res[0].ok());
-  EXPECT_EQ(reg->join(args("g", 0, 2, "h2-0"), 1).status().code(), Code::deadline_exceeded);
+  const auto owned = [](JoinArgs a) {
+    a.owner = "ann";  // the gathering job's identity: it survives the restart
+    return a;
+  };
+  EXPECT_EQ(reg->join(owned(args("g", 0, 2, "h2-0")), 1).status().code(), Code::deadline_exceeded);
   std::vector<Usage> before;
   for (auto& s : reg->switches()) before.push_back(s.used);
   const int installs = client.installs, removes = client.removes;
@@ -444,9 +482,10 @@ TEST_F(Fixture, RestartKeepsJobsAndTreesWithoutTouchingSwitches) {
   EXPECT_EQ(again->tree_id, res[2]->tree_id);
   EXPECT_EQ(again->key, res[2]->key);
   EXPECT_EQ(again->child_index, res[2]->child_index);
-  // The gathering job resumes where it was.
-  std::thread t([&] { EXPECT_TRUE(reg->join(args("g", 0, 2, "h2-0"), 5000).ok()); });
-  EXPECT_TRUE(reg->join(args("g", 1, 2, "h3-0"), 5000).ok());
+  // The gathering job resumes where it was, for its own identity only.
+  EXPECT_EQ(reg->join(args("g", 1, 2, "h3-0"), 5000).status().code(), Code::permission_denied);
+  std::thread t([&] { EXPECT_TRUE(reg->join(owned(args("g", 0, 2, "h2-0")), 5000).ok()); });
+  EXPECT_TRUE(reg->join(owned(args("g", 1, 2, "h3-0")), 5000).ok());
   t.join();
   // A new tree never reuses a live id; leaving still removes the restored tree.
   auto k = reg->join(args("k", 0, 1, "h0-1"), 100);

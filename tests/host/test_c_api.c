@@ -4,6 +4,7 @@
  * Driven by test_communicator.cpp (CApi.AllreduceAndErrors), which runs the fake switch and
  * passes its address. Returns 0, or a non-zero line number with a sentence in `message`. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -67,6 +68,13 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   opt.world_size = 1;
   CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
   CHECK(strstr(tdr_last_error(NULL), "world size") != NULL);
+  /* TREEDUCE_INSECURE is 0 or 1: anything else is refused, not read as 0. */
+  tdr_options_init(&opt);
+  opt.job = "c-api";
+  setenv("TREEDUCE_INSECURE", "yes", 1);
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strcmp(tdr_last_error(NULL), "TREEDUCE_INSECURE is 'yes'; it must be 0 or 1.") == 0);
+  unsetenv("TREEDUCE_INSECURE");
 
   /* One rank on the fake switch's static tree. */
   tdr_options_init(&opt);

@@ -63,6 +63,7 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   set("TREEDUCE_SLOTS", "64");
   set("TREEDUCE_PAYLOAD_BYTES", "8192");
   set("TREEDUCE_RTO_US", "10000");
+  set("TREEDUCE_MAX_RETRIES", "30");
   set("TREEDUCE_DETERMINISTIC", "1");
   Options o;
   const treeduce::Status s = parse(&o);
@@ -80,6 +81,7 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   EXPECT_EQ(o.slots, 64u);
   EXPECT_EQ(o.payload_bytes, 8192u);
   EXPECT_EQ(o.rto_us, 10000u);
+  EXPECT_EQ(o.max_retries, 30u);
   EXPECT_TRUE(o.deterministic);
 }
 
@@ -168,16 +170,25 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   set("TREEDUCE_SLOTS", "48");
   expect_error("TREEDUCE_SLOTS is 48; it must be a power of two from 1 to 4096.");
   set("TREEDUCE_SLOTS", "8192");
-  expect_error("TREEDUCE_SLOTS is '8192', not a whole number from 0 to 4096.");
+  expect_error("TREEDUCE_SLOTS is 8192; it must be a power of two from 1 to 4096.");
+  set("TREEDUCE_SLOTS", "3");
+  expect_error("TREEDUCE_SLOTS is 3; it must be a power of two from 1 to 4096.");
+  set("TREEDUCE_SLOTS", "0");
+  expect_error("TREEDUCE_SLOTS is 0; it must be a power of two from 1 to 4096.");
   set("TREEDUCE_SLOTS", "32");
   set("TREEDUCE_PAYLOAD_BYTES", "128");
   expect_error("TREEDUCE_PAYLOAD_BYTES is 128; it must be a power of two from 256 to 8192.");
   set("TREEDUCE_PAYLOAD_BYTES", "9000");
-  expect_error("TREEDUCE_PAYLOAD_BYTES is '9000', not a whole number from 0 to 8192.");
+  expect_error("TREEDUCE_PAYLOAD_BYTES is 9000; it must be a power of two from 256 to 8192.");
   set("TREEDUCE_PAYLOAD_BYTES", "4096");
   set("TREEDUCE_RTO_US", "5ms");
   expect_error("TREEDUCE_RTO_US is '5ms', not a whole number from 0 to 128000.");
   set("TREEDUCE_RTO_US", "5000");
+  set("TREEDUCE_MAX_RETRIES", "0");
+  expect_error("TREEDUCE_MAX_RETRIES is '0', not a whole number from 1 to 1000.");
+  set("TREEDUCE_MAX_RETRIES", "1001");
+  expect_error("TREEDUCE_MAX_RETRIES is '1001', not a whole number from 1 to 1000.");
+  set("TREEDUCE_MAX_RETRIES", "20");
   set("TREEDUCE_DETERMINISTIC", "yes");
   expect_error("TREEDUCE_DETERMINISTIC is 'yes', not a whole number from 0 to 1.");
   set("TREEDUCE_DETERMINISTIC", "0");
@@ -188,6 +199,7 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   EXPECT_EQ(o.slots, 32u);
   EXPECT_EQ(o.payload_bytes, 4096u);
   EXPECT_EQ(o.rto_us, 5000u);
+  EXPECT_EQ(o.max_retries, 20u);
 }
 
 TEST_F(Environment, AFailureLeavesTheOptionsUntouched) {

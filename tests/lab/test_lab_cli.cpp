@@ -112,6 +112,31 @@ TEST_F(LabCli, LeafOfFourUpStatusExecRunDown) {
   EXPECT_EQ(r.out.find("10.1.0.1/"), std::string::npos) << r.out;
   r = lab({"exec", "--name", n, "h1", "--", "sh", "-c", "exit 5"});
   EXPECT_EQ(r.status, 5);
+  // exec gives what a program needs to join from that host (the manager, the host's address, the
+  // lab's job identity): a one-rank job of treeduce-perf runs in the network, exact.
+  r = lab({"exec",
+           "--name",
+           n,
+           "h2",
+           "--",
+           "env",
+           "TREEDUCE_JOB=exec-" + n,
+           "TREEDUCE_RANK=0",
+           "TREEDUCE_WORLD_SIZE=1",
+           "treeduce-perf",
+           "-b",
+           "4096",
+           "-e",
+           "4096",
+           "-n",
+           "2",
+           "-w",
+           "0",
+           "-c",
+           "1"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("# treeduce-perf: 1 ranks, path network"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# verified: 0 wrong elements"), std::string::npos) << r.out;
 
   // run: treeduce-perf on four ranks, exact, in the network; every line prefixed by its host.
   r = lab({"run",  "--name", n,   "-n", "4",       "--", "treeduce-perf", "-b", "1024", "-e",

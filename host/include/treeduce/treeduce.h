@@ -105,7 +105,7 @@ typedef struct tdr_options {
   uint32_t world_size;        /**< ranks in the job */
   const char* manager;        /**< "host:port" of the Aggregation Manager; NULL: none. Its TLS
                                    files come from TREEDUCE_TLS_CA/CERT/KEY, or TREEDUCE_INSECURE=1
-                                   (docs/host.md, "Security") */
+                                   (docs/deploy.md, "TLS"; docs/host.md section 3) */
   const char* host;           /**< this host's name or data IPv4 address in the topology */
   const char* bind_address;   /**< local IPv4 of the UDP transport; NULL: from host */
   uint16_t port;              /**< UDP port for results; 0: 29000 + rank % 1000 */
@@ -202,7 +202,8 @@ int tdr_offloads(const tdr_comm_t* comm, tdr_dtype_t dtype, tdr_op_t op);
  * The last fallback's reason ("" when no fallback was taken; the host path asked for is not a
  * fallback: tdr_path_reason() says so), the per-call one
  * for a pair the tree cannot reduce ("allreduce of 1024 f64 sum on the host path: switch 'leaf0'
- * (profile tofino) does not reduce f64 sum"). Valid until the calling thread's next call of it.
+ * (profile tofino) does not reduce f64 sum"). "The communicator is NULL." for a NULL `comm`.
+ * Valid until the calling thread's next call of it.
  */
 const char* tdr_fallback_reason(const tdr_comm_t* comm);
 

@@ -88,6 +88,9 @@ struct JoinArgs {
   std::uint32_t dtype_mask = 0;  ///< pairs needed in the network (JobRequest); 0, 0 = none
   std::uint32_t op_mask = 0;
   bool deterministic = false;
+  /// The caller's identity (its certificate's name with TLS; "" without). A job belongs to the
+  /// identity of its first join: a join or credential-less abort from another is refused.
+  std::string owner;
 };
 
 /// What one switch of a job's tree offloads, so that a rank reducing a pair on the hosts can
@@ -187,7 +190,10 @@ class JobRegistry {
   /// job again." The job is kept (in memory only) for RegistryOptions::abort_hold_ms, a job not
   /// yet known too, so that ranks starting after the report learn it; the reporting rank's own
   /// Join (a fixed restart) clears it. failed_precondition when the job is running.
-  Status abort(const std::string& job, std::optional<std::uint32_t> rank, const std::string& why);
+  /// `owner`: the caller's identity (JoinArgs::owner); an abort for a job of another identity is
+  /// permission_denied, and a held abort applies only to joins of the identity that made it.
+  Status abort(const std::string& job, std::optional<std::uint32_t> rank, const std::string& why,
+               const std::string& owner = {});
 
   /// A switch agent announces itself (and optionally its real limits) with the trees it holds:
   /// those no job has on it (by id and key) are removed through the SwitchClient, the trees of
@@ -250,6 +256,7 @@ class JobRegistry {
     std::optional<Allocation> tree;
     std::uint64_t key = 0;
     std::string credential;  ///< see credential_of()
+    std::string owner;       ///< JoinArgs::owner of the join (or abort) that made the job
     /// A rank reported it cannot start (abort()): every join gets `refusal` until hold_until.
     bool aborted = false;
     std::optional<std::uint32_t> aborted_rank;

@@ -115,6 +115,10 @@ struct Options {
   /// 0 (the default): adaptive, from the measured per-chunk latency (the largest of the last
   /// 1-2 s, within 2 to 32 ms; 10 ms before the first result; docs/host.md section 5).
   std::uint32_t rto_us = 0;
+  /// Retransmissions of a chunk that gets no answer before the network path is declared dead
+  /// (1 to 1000; docs/host.md section 5): 80 (the default) is 9.7 to 10.2 s of silence with the
+  /// adaptive timer, each one fewer takes 128 ms off.
+  std::uint32_t max_retries = 80;
   bool deterministic = false;
   Path path = Path::auto_select;
   std::uint32_t join_timeout_ms = 30000;  ///< waiting for all ranks to join
@@ -135,7 +139,7 @@ struct Options {
 /// Reads TREEDUCE_MANAGER, TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY,
 /// TREEDUCE_INSECURE (0 or 1), TREEDUCE_JOB, TREEDUCE_RANK, TREEDUCE_WORLD_SIZE, TREEDUCE_HOST,
 /// TREEDUCE_BIND (bind_address), TREEDUCE_PORT, TREEDUCE_SLOTS, TREEDUCE_PAYLOAD_BYTES,
-/// TREEDUCE_RTO_US, TREEDUCE_PATH (auto|network|host),
+/// TREEDUCE_RTO_US, TREEDUCE_MAX_RETRIES, TREEDUCE_PATH (auto|network|host),
 /// TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, the transport's variables
 /// (TransportOptions), a static tree's (TREEDUCE_STATIC_LEAF, _TREE_ID, _KEY, _CHILD_INDEX,
 /// _SLOTS, _PAYLOAD_BYTES, _DTYPES, _OPS, _DETERMINISTIC, _SWITCHES into static_tree), and the
