@@ -1,6 +1,7 @@
 #include "dpdk_transport.h"
 
 #include <arpa/inet.h>
+#include <rte_dev.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
@@ -16,6 +17,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <sstream>
@@ -39,6 +41,49 @@ constexpr auto kTxDrainBound = std::chrono::milliseconds(100);
 constexpr std::uint16_t kRxBurst = 32;
 
 std::atomic<unsigned> g_pool_serial{0};
+
+// Zero-copy TX: what the transport knows of the external-buffer mbufs the PMD still holds. Each
+// such mbuf carries an ExtRef in its private area: the shared info whose free callback DPDK calls
+// when the PMD frees the mbuf (from rte_eth_tx_burst, rte_eth_tx_done_cleanup, a reader's free
+// on net_ring: in each case the thread that drives the transport), and its place in the list of
+// live references. The list is walked only by references(), and is empty at once on PMDs that
+// copy the frame in rte_eth_tx_burst.
+struct ExtRefs;
+struct ExtRef {
+  rte_mbuf_ext_shared_info shinfo;
+  ExtRefs* owner;
+  const std::uint8_t* addr;
+  std::uint32_t len;
+  ExtRef* prev;
+  ExtRef* next;
+};
+struct ExtRefs {
+  ExtRef* head = nullptr;
+  std::size_t live = 0;
+  bool orphaned = false;  // the transport went away with references out: whoever frees them last
+                          // frees this
+};
+
+void ext_freed(void* /*addr*/, void* opaque) {
+  auto* r = static_cast<ExtRef*>(opaque);
+  ExtRefs* o = r->owner;
+  if (r->prev != nullptr) {
+    r->prev->next = r->next;
+  } else {
+    o->head = r->next;
+  }
+  if (r->next != nullptr) r->next->prev = r->prev;
+  if (--o->live == 0 && o->orphaned) delete o;
+}
+
+// PMDs that read a frame with the CPU and free its mbufs within rte_eth_tx_burst (memif in copy
+// mode: eth_memif_tx copies every segment into the shared ring and frees the chain; af_packet and
+// tap copy into the kernel; af_xdp copies an mbuf that is not from its umem), so a zero-copy
+// reference into the caller's buffer lives no longer than the send() that made it.
+bool frees_on_tx(const std::string& driver) {
+  return driver == "net_memif" || driver == "net_af_packet" || driver == "net_af_xdp" ||
+         driver == "net_tap";
+}
 
 bool parse_mac(const std::string& s, std::uint8_t out[6]) {
   rte_ether_addr a;
@@ -65,8 +110,17 @@ class DpdkTransport final : public Transport {
       rte_eth_tx_done_cleanup(port_, 0, 0);  // TX mbufs the PMD still holds (where it can)
       rte_eth_dev_stop(port_);
     }
+    // Stopping the port frees what its TX ring held on most PMDs. A reference still out (net_ring
+    // keeps them until its reader frees them) keeps its pools and its list alive: leaked, as
+    // freeing them would leave the PMD with dangling mbufs.
+    if (refs_ != nullptr && refs_->live != 0) {
+      refs_->orphaned = true;
+      refs_.release();
+      return;
+    }
     rte_mempool_free(tx_pool_);
     rte_mempool_free(rx_pool_);
+    rte_mempool_free(ext_pool_);
   }
 
   std::string open(const DpdkTransportOptions& opt) {
@@ -101,6 +155,7 @@ class DpdkTransport final : public Transport {
 
     treeduce::Result<rte_eth_dev_info> info = dpdk::device_info(port_, opt.port_name);
     if (!info.ok()) return info.status().message();
+    choose_tx_mode(opt, *info);
     if (std::string err = create_pools(opt); !err.empty()) return err;
 
     dpdk::PortRequest req;
@@ -110,11 +165,20 @@ class DpdkTransport final : public Transport {
     // The MTU: the port's own, raised to what the payload size needs.
     req.min_mtu = static_cast<std::uint16_t>(kL3Overhead + opt.payload_bytes);
     req.rx_pool = rx_pool_;
+    req.multi_seg_tx = zero_copy_;
     if (!opt.local_mac.empty()) req.mac = std::to_array(self_.mac);
     treeduce::Result<dpdk::PortUp> up = dpdk::start_port(port_, *info, req);
     if (!up.ok()) return up.status().message();
     std::memcpy(self_.mac, up->mac.data(), 6);
     started_ = true;
+    if (zero_copy_ && !up->multi_seg_tx) {  // what the port was configured with
+      zero_copy_ = false;
+      tx_why_ = "TX copies each payload into its mbuf (the port took no multi-segment TX)";
+    }
+    // The per-flow template: the headers of a full-size datagram, patched only for a shorter one.
+    proto::write_l2_l4(template_.data(), self_, leaf_, datagram_bytes_);
+    std::fprintf(stderr, "treeduce: info: DPDK port '%s' (%s): %s\n", opt.port_name.c_str(),
+                 info->driver_name, tx_why_.c_str());
     rx_buf_.resize(kBatch * datagram_bytes_);
     scratch_.resize(proto::kMaxFrameBytes);
     return {};
@@ -124,6 +188,16 @@ class DpdkTransport final : public Transport {
   const TransportStats& stats() const noexcept override { return stats_; }
 
   void wake() noexcept override { wake_.store(true, std::memory_order_release); }
+
+  bool references(const void* p, std::size_t len) override {
+    if (refs_ == nullptr || refs_->live == 0) return false;
+    rte_eth_tx_done_cleanup(port_, 0, 0);  // have the PMD free what it has sent, where it can
+    const auto* b = static_cast<const std::uint8_t*>(p);
+    for (const ExtRef* r = refs_->head; r != nullptr; r = r->next) {
+      if (r->addr < b + len && b < r->addr + r->len) return true;
+    }
+    return false;
+  }
 
   std::string send(const OutPacket* p, std::size_t n) override {
     // More than batch() breaks the contract; it is sent all the same, a batch at a time.
@@ -156,8 +230,35 @@ class DpdkTransport final : public Transport {
   }
 
  private:
+  // Zero-copy TX or copying, and why (said on stderr once the port is up).
+  void choose_tx_mode(const DpdkTransportOptions& opt, const rte_eth_dev_info& info) {
+    const std::string driver = info.driver_name;
+    const rte_devargs* da = rte_dev_devargs(info.device);
+    const std::string args = da != nullptr && da->args != nullptr ? da->args : "";
+    zero_copy_ = false;
+    if (opt.tx_mode == DpdkTransportOptions::TxMode::copy) {
+      tx_why_ = "TX copies each payload into its mbuf (zero-copy switched off)";
+    } else if ((info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) == 0) {
+      tx_why_ = "TX copies each payload into its mbuf (the PMD takes no multi-segment frames)";
+    } else if (driver == "net_memif" && args.find("zero-copy=yes") != std::string::npos) {
+      tx_why_ =
+          "TX copies each payload into its mbuf (memif with zero-copy=yes sends segments as "
+          "offsets into DPDK's first memory segment list, and the caller's buffer is not in it)";
+    } else if (opt.tx_mode == DpdkTransportOptions::TxMode::automatic && !frees_on_tx(driver)) {
+      tx_why_ =
+          "TX copies each payload into its mbuf (zero-copy is used only on PMDs that copy the "
+          "frame and free it in rte_eth_tx_burst: memif, af_packet, af_xdp, tap)";
+    } else {
+      zero_copy_ = true;
+      tx_why_ =
+          "TX zero-copy: a header mbuf chained to an external-buffer mbuf over the caller's "
+          "payload";
+    }
+  }
+
   // The TX and RX pools: one mbuf holds a whole frame of the largest payload (plus CRC room), so
-  // neither side chains.
+  // neither side chains. With zero-copy TX, a third pool of data-less mbufs that point into the
+  // caller's buffers, each with an ExtRef in its private area.
   std::string create_pools(const DpdkTransportOptions& opt) {
     const std::size_t frame_room = std::max<std::size_t>(
         RTE_MBUF_DEFAULT_DATAROOM, kL2L4Bytes + datagram_bytes_ + RTE_ETHER_CRC_LEN);
@@ -173,7 +274,53 @@ class DpdkTransport final : public Transport {
       if (!mp.ok()) return mp.status().message();
       *pool = *mp;
     }
+    if (zero_copy_) {
+      const auto priv = static_cast<std::uint16_t>(RTE_ALIGN(sizeof(ExtRef), RTE_MBUF_PRIV_ALIGN));
+      ext_pool_ =
+          rte_pktmbuf_pool_create(("tdh_ext" + serial).c_str(), opt.mbufs, cache, priv, 0, socket);
+      if (ext_pool_ == nullptr) {
+        return "Cannot allocate " + std::to_string(opt.mbufs) +
+               " external-buffer mbufs: give DPDK more memory (-m) or use fewer mbufs (" +
+               rte_strerror(rte_errno) + ").";
+      }
+      refs_ = std::make_unique<ExtRefs>();
+      iova_va_ = rte_eal_iova_mode() == RTE_IOVA_VA;
+    }
     return {};
+  }
+
+  // Frame i's headers into `f`: the template when the payload is full-size.
+  void write_headers(std::uint8_t* f, const OutPacket& p) const {
+    const std::size_t dgram = sizeof(proto::TdHdr) + p.payload_len;
+    if (dgram == datagram_bytes_) {
+      std::memcpy(f, template_.data(), kL2L4Bytes);
+    } else {
+      proto::write_l2_l4(f, self_, leaf_, dgram);
+    }
+    proto::store_header(f + kL2L4Bytes, p.td);
+  }
+
+  // Frame i as a header mbuf chained to an external-buffer mbuf over the caller's payload.
+  void attach_payload(rte_mbuf* h, rte_mbuf* e, const OutPacket& p) {
+    auto* r = static_cast<ExtRef*>(rte_mbuf_to_priv(e));
+    r->shinfo.free_cb = ext_freed;
+    r->shinfo.fcb_opaque = r;
+    rte_mbuf_ext_refcnt_set(&r->shinfo, 1);
+    r->owner = refs_.get();
+    r->addr = p.payload;
+    r->len = p.payload_len;
+    r->prev = nullptr;
+    r->next = refs_->head;
+    if (refs_->head != nullptr) refs_->head->prev = r;
+    refs_->head = r;
+    ++refs_->live;
+    // The PMDs zero-copy is used on read with the CPU; a physical address is never needed.
+    void* addr = const_cast<std::uint8_t*>(p.payload);
+    const rte_iova_t iova = iova_va_ ? reinterpret_cast<rte_iova_t>(addr) : RTE_BAD_IOVA;
+    rte_pktmbuf_attach_extbuf(e, addr, iova, static_cast<std::uint16_t>(p.payload_len), &r->shinfo);
+    e->data_len = static_cast<std::uint16_t>(p.payload_len);
+    e->pkt_len = p.payload_len;
+    rte_pktmbuf_chain(h, e);
   }
 
   std::string send_batch(const OutPacket* p, std::size_t n) {
@@ -186,23 +333,36 @@ class DpdkTransport final : public Transport {
     }
     if (n == 0) return {};
     std::array<rte_mbuf*, kBatch> m{};
+    std::array<rte_mbuf*, kBatch> ext{};
     if (rte_pktmbuf_alloc_bulk(tx_pool_, m.data(), static_cast<unsigned>(n)) != 0) {
       // Every mbuf is still in a TX ring: count the batch lost, the engine retransmits.
       stats_.send_errors += n;
       return {};
     }
+    if (zero_copy_ &&
+        rte_pktmbuf_alloc_bulk(ext_pool_, ext.data(), static_cast<unsigned>(n)) != 0) {
+      rte_pktmbuf_free_bulk(m.data(), static_cast<unsigned>(n));
+      stats_.send_errors += n;
+      return {};
+    }
     for (std::size_t i = 0; i < n; ++i) {
-      // One mbuf per frame and the payload copied: simple and correct. A header mbuf chained to
-      // an external-buffer mbuf (rte_pktmbuf_attach_extbuf) over the caller's payload would save
-      // the copy, at the price of a completion callback that tells the engine when the payload
-      // is free again, and of PMDs that take multi-segment frames.
-      const std::size_t dgram = sizeof(proto::TdHdr) + p[i].payload_len;
+      // Zero-copy: the header mbuf holds the headers only, the payload stays where the caller
+      // has it (a retransmission attaches the same bytes again). Copying: one mbuf per frame.
+      // Measured (treeduce-bench-dpdk-tx, memif, payloads out of cache, memif's own copy
+      // included): 8 KiB 0.8-1.1 us per packet in send() zero-copy, 1.3-1.7 us copying; 1 KiB
+      // 211 ns against 240 ns.
+      const bool attach = zero_copy_ && p[i].payload_len != 0;
+      const std::size_t len = kL2L4Bytes + sizeof(proto::TdHdr) + (attach ? 0 : p[i].payload_len);
       auto* f = reinterpret_cast<std::uint8_t*>(
-          rte_pktmbuf_append(m[i], static_cast<std::uint16_t>(kL2L4Bytes + dgram)));
-      proto::write_l2_l4(f, self_, leaf_, dgram);
-      proto::store_header(f + kL2L4Bytes, p[i].td);
-      if (p[i].payload_len != 0) {
-        std::memcpy(f + kL2L4Bytes + sizeof(proto::TdHdr), p[i].payload, p[i].payload_len);
+          rte_pktmbuf_append(m[i], static_cast<std::uint16_t>(len)));
+      write_headers(f, p[i]);
+      if (attach) {
+        attach_payload(m[i], ext[i], p[i]);
+      } else {
+        if (zero_copy_) rte_pktmbuf_free(ext[i]);
+        if (p[i].payload_len != 0) {
+          std::memcpy(f + kL2L4Bytes + sizeof(proto::TdHdr), p[i].payload, p[i].payload_len);
+        }
       }
     }
     std::size_t done = 0;
@@ -303,6 +463,12 @@ class DpdkTransport final : public Transport {
   std::size_t datagram_bytes_ = 0;
   rte_mempool* tx_pool_ = nullptr;
   rte_mempool* rx_pool_ = nullptr;
+  rte_mempool* ext_pool_ = nullptr;  // zero-copy TX: mbufs over the caller's payloads
+  std::unique_ptr<ExtRefs> refs_;    // zero-copy TX: references the PMD still holds
+  bool zero_copy_ = false;
+  bool iova_va_ = false;
+  std::string tx_why_;                               // which TX mode, and why
+  std::array<std::uint8_t, kL2L4Bytes> template_{};  // headers of a full-size datagram
   std::atomic<bool> wake_{false};
   std::uint64_t idle_polls_ = 0;          // empty polls in receive(): every 16th yields the CPU
   std::array<rte_mbuf*, kBatch> held_{};  // see release_held()

@@ -10,6 +10,20 @@
 // TX queue, creates its own mbuf pools, starts the port, and on destruction drains and stops the
 // port (it does not close it) and frees its pools.
 //
+// Transmission without copying the payload (docs/host.md, "Transports"): a frame goes out as a
+// header mbuf (Ethernet/IPv4/UDP/treeduce header, from a per-flow template) chained to an
+// external-buffer mbuf (rte_pktmbuf_attach_extbuf) over the caller's payload. The shared-info free
+// callback of each such mbuf tells the transport the bytes are no longer referenced, and
+// references() says whether the PMD still holds any into a buffer: the network loop completes an
+// operation only when the network is done with it and no reference is left. Used where the PMD
+// takes multi-segment frames (RTE_ETH_TX_OFFLOAD_MULTI_SEGS) and reads them with the CPU and frees
+// them within rte_eth_tx_burst (a virtual device: memif in copy mode, af_packet, af_xdp, tap); a
+// NIC would DMA from memory that is not registered with DPDK (rte_extmem_register +
+// rte_dev_dma_map, not done), and memif with zero-copy=yes sends every segment as an offset into
+// the first DPDK memory segment list, which the caller's buffer is not in. Elsewhere the payload
+// is copied into the header mbuf, as before. The choice is said once on stderr when the port
+// opens.
+//
 // There is no ARP and no routing here: the leaf switch's MAC is given, every frame goes to it,
 // and frames come back to the local MAC (the port's own unless given). Only IPv4 without options,
 // UDP, and the treeduce header: proto::write_l2_l4 builds the headers (DF set, IPv4 checksum, UDP
@@ -45,6 +59,15 @@ struct DpdkTransportOptions {
   std::uint16_t rx_desc = 1024;
   std::uint16_t tx_desc = 1024;
   std::uint32_t mbufs = 4095;
+  /// How payloads are transmitted (see the file comment).
+  enum class TxMode {
+    automatic,  ///< zero-copy where the PMD is known to allow it, else copy
+    copy,       ///< always copy the payload into the mbuf
+    /// zero-copy on any PMD that takes multi-segment frames, including those that keep the mbufs
+    /// after rte_eth_tx_burst (net_ring hands them to its reader): for tests of references()
+    zero_copy_any,
+  };
+  TxMode tx_mode = TxMode::automatic;
 };
 
 /// The DPDK transport: one RX and one TX queue on one port, polled by the one progress thread that

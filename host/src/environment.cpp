@@ -108,6 +108,10 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
   }
   if (const Var v = var({"TREEDUCE_DPDK_PORT"}); v.name) t->dpdk_port = v.value;
   if (const Var v = var({"TREEDUCE_DPDK_EAL"}); v.name) t->dpdk_eal = v.value;
+  if (const Var v = var({"TREEDUCE_DPDK_TX_COPY"}); v.name) {
+    if (auto s = number(v, 0, 1, &x); !s.ok()) return s;
+    t->dpdk_tx_copy = x != 0;
+  }
   if (const Var v = var({"TREEDUCE_LOCAL_MAC"}); v.name) t->local_mac = v.value;
   if (const Var v = var({"TREEDUCE_LEAF_MAC"}); v.name) t->leaf_mac = v.value;
   if (const Var v = var({"TREEDUCE_BUSY_POLL_US"}); v.name) {

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <deque>
+#include <utility>
 
 namespace treeduce::host {
 
@@ -20,6 +22,10 @@ std::uint64_t now_ns() {
 }
 
 Obstacle failure(Code code, std::string why) { return Obstacle{code, std::move(why)}; }
+
+// While only a transport's references keep an operation from completing: how long each
+// receive() waits before the references are checked again.
+constexpr std::uint64_t kHeldPollNs = 50'000;
 
 }  // namespace
 
@@ -76,12 +82,17 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
   std::size_t queued = 0;  // operations in the engine, not done
   const std::uint64_t first_done = engine_.completed();
   std::uint64_t reported = first_done;  // engine_.completed() already passed to src.done()
+  // The send buffers of the operations queued and not reported, oldest first: an operation is
+  // done when the engine has its result AND the transport holds no reference into its send
+  // buffer (a zero-copy transport's device may still hold frames that point into it).
+  std::deque<std::pair<const void*, std::size_t>> sends;
   // Queue what the source has, up to kMaxStream in flight. Returns false when the engine
   // refused an operation.
   const auto fill = [&] {
     Operation o;
     while (queued < kMaxStream && src.next(&o)) {
       if (engine_.enqueue(o.send, o.recv, o.count, o.dtype, o.op) != Status::running) return false;
+      sends.emplace_back(o.send, o.count * dtype_size(o.dtype));
       ++queued;
     }
     return true;
@@ -96,12 +107,15 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
   for (;;) {
     // Operations done, in order; then the next ones the source has.
     if (engine_.completed() != reported) {
-      while (reported < engine_.completed()) {
+      const std::uint64_t before = reported;
+      while (reported < engine_.completed() &&
+             !transport_->references(sends.front().first, sends.front().second)) {
         ++reported;
         --queued;
+        sends.pop_front();
         src.done();
       }
-      deadline = now_ns() + timeout_ns;
+      if (reported != before) deadline = now_ns() + timeout_ns;
     }
     // A wake() from here on (an operation queued) ends the next busy poll: fill() takes it.
     kicked_.store(false, std::memory_order_relaxed);
@@ -111,23 +125,31 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
         break;
       }
     }
-    if (engine_.status() != Status::running) break;
+    // The network is done, the transport still references a send buffer: wait (receiving, which
+    // is what frees them on a loopback PMD) until it lets go.
+    const bool held = engine_.status() == Status::done && reported != engine_.completed();
+    if (engine_.status() != Status::running && !held) break;
     const std::uint64_t t = now_ns();
     if (stop_.load()) {
       abandoned = failure(Code::cancelled, "the communicator was destroyed during the operation");
       break;
     }
     if (t >= deadline) {
-      abandoned = failure(Code::deadline_exceeded,
-                          "the in-network allreduce did not finish within " +
-                              std::to_string(op_timeout_ms_) + " ms (op_timeout_ms)");
+      abandoned = failure(
+          Code::deadline_exceeded,
+          held ? "the transport's device still held frames pointing into the send buffer " +
+                     std::to_string(op_timeout_ms_) + " ms (op_timeout_ms) after the result came"
+               : "the in-network allreduce did not finish within " +
+                     std::to_string(op_timeout_ms_) + " ms (op_timeout_ms)");
       break;
     }
-    const std::size_t n = engine_.poll(t, out_.data(), cap);
+    const std::size_t n = held ? 0 : engine_.poll(t, out_.data(), cap);
     if (n != 0) io = transport_->send(out_.data(), n);
     if (!io.empty()) break;
-    if (engine_.status() != Status::running) continue;
-    const auto rx = wait_for_input(std::min(engine_.next_deadline(), deadline), &io);
+    if (engine_.status() != Status::running && !held) continue;
+    const std::uint64_t until =
+        held ? std::min(t + kHeldPollNs, deadline) : std::min(engine_.next_deadline(), deadline);
+    const auto rx = wait_for_input(until, &io);
     if (!io.empty()) break;
     const std::uint64_t t3 = rx.empty() ? 0 : now_ns();  // the adaptive timer's samples end here
     for (const RxDatagram& d : rx) {

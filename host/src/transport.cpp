@@ -76,6 +76,7 @@ treeduce::Result<std::unique_ptr<Transport>> make_transport(const TransportOptio
       d.leaf_address = at.leaf_address;
       d.leaf_mac = opt.leaf_mac;
       d.payload_bytes = at.payload_bytes;
+      if (opt.dpdk_tx_copy) d.tx_mode = DpdkTransportOptions::TxMode::copy;
       t = make_dpdk_transport(d, &err);
       break;
     }

@@ -42,15 +42,21 @@ class Transport {
   virtual ~Transport() = default;
   /// Most packets one send() takes.
   virtual std::size_t batch() const noexcept = 0;
-  /// Send `n` <= batch() packets to the leaf switch. Packets are not copied: header and payload
-  /// go out as an iovec pair. Returns "" or an error sentence (a fatal socket error, or a
-  /// datagram larger than the path MTU).
+  /// Send `n` <= batch() packets to the leaf switch. Payloads are read from where they lie (an
+  /// iovec, or a frame segment that references them until references() says it no longer does).
+  /// Returns "" or an error sentence (a fatal socket error, or a datagram larger than the path
+  /// MTU).
   virtual std::string send(const OutPacket* p, std::size_t n) = 0;
   /// Wait up to `timeout_ns` (0: do not wait) for datagrams from the leaf switch and return
   /// what arrived (a batch; call again for more), valid until the next receive(). Empty when the
   /// time passed or wake() was called. A fatal socket error returns empty with a sentence in
   /// `*error`.
   virtual std::span<const RxDatagram> receive(std::uint64_t timeout_ns, std::string* error) = 0;
+  /// Whether the transport still holds a reference into the caller's bytes [p, p + len) from
+  /// an earlier send() (a zero-copy transport whose device has not yet released a frame): the
+  /// network loop completes an operation only once its send buffer has none. May ask the device
+  /// to release what it is done with. The default: send() keeps no reference.
+  virtual bool references(const void* /*p*/, std::size_t /*len*/) { return false; }
   /// Make a receive() blocked in another thread return now (any thread, async-signal-safe).
   virtual void wake() noexcept = 0;
   virtual const TransportStats& stats() const noexcept = 0;

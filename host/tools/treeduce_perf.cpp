@@ -10,6 +10,7 @@
 // result element by element, and the wrong counts of all ranks are summed with one more
 // allreduce.
 #include <arpa/inet.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 
@@ -135,8 +136,10 @@ struct MpiSession {
 struct Timing {
   double mean_us = 0;  // over the timed iterations, as nccl-tests
   double min_us = 0;   // the fastest single iteration: the noise-robust figure for small sizes
-  double cpu_us = 0;   // this process's CPU time (every thread, user and system) per iteration
-  std::string error;   // "" or the first failure's sentence
+  /// This rank's CPU time (user + system, every thread of the process: the caller's, the
+  /// library's progress thread, a baseline's) per timed iteration.
+  double cpu_us = 0;
+  std::string error;  // "" or the first failure's sentence
 };
 
 // This process's CPU time so far (every thread, user and system), in microseconds.
@@ -233,6 +236,11 @@ struct Row {
   std::uint64_t retransmits;  // rank 0's during this row's treeduce operations
 };
 
+// CPU milliseconds per allreduced MiB (of each rank's input), from a CPU time per iteration.
+double cpu_ms_per_mib(const Row& r, double cpu_us) {
+  return r.nbytes > 0 ? cpu_us / 1e3 / (static_cast<double>(r.nbytes) / (1 << 20)) : 0;
+}
+
 double algbw(const Row& r, const Timing& t) {
   return t.mean_us > 0 ? static_cast<double>(r.nbytes) / (t.mean_us * 1e3) : 0;
 }
@@ -271,8 +279,9 @@ std::string json_row(const Row& r, const std::vector<Outcome>& outs) {
        ",\"min_us\":" + json_number(td_ok, 3, td.timing.min_us) +
        ",\"cpu_us\":" + json_number(td_ok, 3, td.cpu_us_ranks) +
        ",\"algbw_GBps\":" + json_number(td_ok, 4, td_bw) +
-       ",\"busbw_GBps\":" + json_number(td_ok, 4, td_bw * tree_bus(r.world)) + ",\"path\":\"" +
-       r.path + "\",\"wrong\":" + std::to_string(td.wrong) +
+       ",\"busbw_GBps\":" + json_number(td_ok, 4, td_bw * tree_bus(r.world)) +
+       ",\"cpu_ms_per_MiB\":" + json_number(td_ok, 4, cpu_ms_per_mib(r, td.cpu_us_ranks)) +
+       ",\"path\":\"" + r.path + "\",\"wrong\":" + std::to_string(td.wrong) +
        ",\"fallbacks\":" + std::to_string(r.fallbacks) +
        ",\"retransmits\":" + std::to_string(r.retransmits) + "}";
   for (std::size_t i = 1; i < outs.size(); ++i) {
@@ -284,6 +293,7 @@ std::string json_row(const Row& r, const std::vector<Outcome>& outs) {
          ",\"cpu_us\":" + json_number(ok, 3, b.cpu_us_ranks) +
          ",\"algbw_GBps\":" + json_number(ok, 4, bw) +
          ",\"busbw_GBps\":" + json_number(ok, 4, bw * ring_bus(r.world)) +
+         ",\"cpu_ms_per_MiB\":" + json_number(ok, 4, cpu_ms_per_mib(r, b.cpu_us_ranks)) +
          ",\"wrong\":" + std::to_string(b.wrong) +
          ",\"speedup\":" + json_number(ok && td_ok, 5, b.timing.mean_us / td.timing.mean_us) + "}";
   }

@@ -111,13 +111,15 @@ std::vector<std::string> Fabric::rank_env(int h, const std::string& job) const {
   if (opt_.rto_us != 0) env.push_back("TREEDUCE_RTO_US=" + std::to_string(opt_.rto_us));
   if (opt_.host_transport == HostTransport::dpdk) {
     // The library starts the EAL itself (TREEDUCE_DPDK_EAL): a memif client of the leaf's port h,
-    // no hugepages, its own file prefix. No ARP on this transport: both MACs are given.
+    // no hugepages, its own file prefix. No ARP on this transport: both MACs are given. memif's
+    // zero-copy client shares the EAL's memory with the switch: it needs that memory in one
+    // file per segment list (--single-file-segments; --no-huge memory is then a memfd).
     env.push_back("TREEDUCE_TRANSPORT=dpdk");
     env.push_back("TREEDUCE_DPDK_EAL=--no-huge -m 128 --no-pci --no-telemetry --file-prefix=" +
-                  lab_.prefix() + "rank" + std::to_string(h) +
-                  " --log-level=lib.eal:warning "
-                  "--vdev=net_memif0,role=client,id=" +
-                  std::to_string(h) + host_memif_args());
+                  lab_.prefix() + "rank" + std::to_string(h) + " --log-level=lib.eal:warning " +
+                  (opt_.host_memif_zero_copy ? "--single-file-segments " : "") +
+                  "--vdev=net_memif0,role=client,id=" + std::to_string(h) + host_memif_args() +
+                  (opt_.host_memif_zero_copy ? ",zero-copy=yes" : ""));
     env.push_back("TREEDUCE_DPDK_PORT=net_memif0");
     env.push_back("TREEDUCE_LOCAL_MAC=" + host_mac(h));
     env.push_back("TREEDUCE_LEAF_MAC=" + leaf_port_mac(h));

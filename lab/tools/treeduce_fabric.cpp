@@ -146,6 +146,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--gso,!--no-gso", fo.host_gso,
                "udp hosts send with UDP GSO, segmented by their veth (default on)");
+  app.add_flag("--memif-zero-copy", fo.host_memif_zero_copy,
+               "dpdk hosts' memif ports in zero-copy mode (the switch reads and writes the ranks' "
+               "mbufs; the ranks then copy payloads on TX)");
   app.add_option("--compare", baselines,
                  "also run these on the same ranks, interleaved: gloo (ring), mpi (Open MPI)")
       ->delimiter(',')
@@ -182,6 +185,10 @@ int main(int argc, char** argv) {
   }
   if (fo.host_transport == HostTransport::dpdk && app.count("--gso") != 0) {
     std::fprintf(stderr, "treeduce-fabric: --gso is for kernel UDP hosts, not --hosts dpdk.\n");
+    return 2;
+  }
+  if (fo.host_memif_zero_copy && fo.host_transport != HostTransport::dpdk) {
+    std::fprintf(stderr, "treeduce-fabric: --memif-zero-copy is for --hosts dpdk.\n");
     return 2;
   }
   // IPv4 + UDP + the treeduce header around the payload: every datagram goes with DF set.

@@ -240,6 +240,7 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
   set("TREEDUCE_UDP_GRO", "0");
   set("TREEDUCE_DPDK_PORT", "net_memif0");
   set("TREEDUCE_DPDK_EAL", "--no-huge -m 128");
+  set("TREEDUCE_DPDK_TX_COPY", "1");
   set("TREEDUCE_VERBS_DEVICE", "mlx5_0");
   set("TREEDUCE_VERBS_PORT", "2");
   set("TREEDUCE_LOCAL_MAC", "02:00:00:00:00:01");
@@ -252,6 +253,7 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
   EXPECT_FALSE(o.transport.udp_gro);
   EXPECT_EQ(o.transport.dpdk_port, "net_memif0");
   EXPECT_EQ(o.transport.dpdk_eal, "--no-huge -m 128");
+  EXPECT_TRUE(o.transport.dpdk_tx_copy);
   EXPECT_EQ(o.transport.verbs_device, "mlx5_0");
   EXPECT_EQ(o.transport.verbs_port, 2);
   EXPECT_EQ(o.transport.local_mac, "02:00:00:00:00:01");
@@ -288,7 +290,8 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
         std::pair{"TREEDUCE_UDP_SEND_PORTS", "0"}, std::pair{"TREEDUCE_UDP_SEND_PORTS", "65"},
         std::pair{"TREEDUCE_UDP_SEND_PORTS", "4 "}, std::pair{"TREEDUCE_VERBS_PORT", "0"},
         std::pair{"TREEDUCE_VERBS_PORT", "256"}, std::pair{"TREEDUCE_XDP_QUEUE", "256"},
-        std::pair{"TREEDUCE_BUSY_POLL_US", "10001"}, std::pair{"TREEDUCE_BUSY_POLL_US", "-1"}}) {
+        std::pair{"TREEDUCE_BUSY_POLL_US", "10001"}, std::pair{"TREEDUCE_BUSY_POLL_US", "-1"},
+        std::pair{"TREEDUCE_DPDK_TX_COPY", "yes"}}) {
     const std::string before = vars[name];
     set(name, value);
     expect_error(std::string(name) + " is '" + value + "', not a whole number from ");

@@ -163,11 +163,11 @@ void check_rows(const std::vector<json>& rows, const std::vector<std::string>& b
                 int ranks) {
   const std::set<std::string> top = {"size",  "count", "type",   "op",
                                      "ranks", "iters", "warmup", "treeduce"};
-  const std::set<std::string> td_keys = {"time_us",    "min_us",     "cpu_us",
-                                         "algbw_GBps", "busbw_GBps", "path",
-                                         "wrong",      "fallbacks",  "retransmits"};
-  const std::set<std::string> base_keys = {"time_us",    "min_us", "cpu_us", "algbw_GBps",
-                                           "busbw_GBps", "wrong",  "speedup"};
+  const std::set<std::string> td_keys = {"time_us",     "min_us",        "cpu_us", "algbw_GBps",
+                                         "busbw_GBps",  "path",          "wrong",  "fallbacks",
+                                         "retransmits", "cpu_ms_per_MiB"};
+  const std::set<std::string> base_keys = {"time_us",    "min_us", "cpu_us",  "algbw_GBps",
+                                           "busbw_GBps", "wrong",  "speedup", "cpu_ms_per_MiB"};
   auto keys = [](const json& o) {
     std::set<std::string> k;
     for (auto it = o.begin(); it != o.end(); ++it) k.insert(it.key());

@@ -88,6 +88,18 @@ TEST_F(BenchFabric, KernelBypassHostsWithGlooAndMpiBaselinesUnderMpirun) {
   expect_verified(rows(json_), 2 * 2 * 2, {"gloo", "mpi"});
 }
 
+// memif's zero-copy mode on the ranks' side (their EAL with --single-file-segments, the switch a
+// plain memif server): every result right, and each rank's port says it copies on TX there.
+TEST_F(BenchFabric, KernelBypassHostsWithMemifZeroCopy) {
+  const Outcome r =
+      run("--topology leaf --hosts dpdk --memif-zero-copy --mtu 8300 --payload 8192 "
+          "--slots 64 --rto-us 10000 --json-out " +
+          json_ + " -- -b 4096 -e 1048576 -f 16 -d f32 -o sum -n 2 -w 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("memif with zero-copy=yes"), std::string::npos) << r.output;
+  expect_verified(rows(json_), 3, {});
+}
+
 TEST_F(BenchFabric, JumboUdpHostsWithGso) {
 #ifndef TREEDUCE_HAVE_ETHTOOL
   GTEST_SKIP() << "no ethtool: --gso turns UDP segmentation offload off on the hosts' veths";
@@ -109,6 +121,9 @@ TEST_F(BenchFabric, RefusesWhatItCannotBuild) {
   r = run("--topology leaf --hosts dpdk --gso");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("--gso is for kernel UDP hosts"), std::string::npos) << r.output;
+  r = run("--topology leaf --memif-zero-copy");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--memif-zero-copy is for --hosts dpdk"), std::string::npos) << r.output;
   r = run("--mtu 1500 --payload 8192");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("needs an MTU of at least 8252"), std::string::npos) << r.output;

@@ -96,6 +96,8 @@ struct TransportOptions {
   bool udp_gro = true;               ///< udp: let the kernel coalesce received datagrams
   std::string dpdk_port;             ///< dpdk: the ethdev name the EAL probed
   std::string dpdk_eal;              ///< dpdk: EAL arguments; "" = the process started the EAL
+  bool dpdk_tx_copy = false;         ///< dpdk: copy payloads into mbufs even where the PMD allows
+                                     ///< zero-copy TX
   std::string verbs_device;          ///< verbs: RDMA device; "" = the first one
   std::uint8_t verbs_port = 1;       ///< verbs: device port, 1-based
   std::string local_mac;             ///< dpdk, verbs: our MAC ("aa:bb:cc:dd:ee:ff")

@@ -41,6 +41,10 @@ struct FabricOptions {
   /// Kernel UDP hosts send with UDP GSO (TREEDUCE_UDP_GSO=1), their veth segmenting in software
   /// as a NIC with USO would in hardware.
   bool host_gso = false;
+  /// DPDK hosts' memif ports in DPDK's zero-copy mode (client `zero-copy=yes`, the EAL with
+  /// --single-file-segments): the switch reads and writes the ranks' own mbufs (docs/host.md,
+  /// "Transports"); the ranks' transport then copies payloads on TX.
+  bool host_memif_zero_copy = false;
   /// The window and payload each rank asks the manager for (TREEDUCE_SLOTS,
   /// TREEDUCE_PAYLOAD_BYTES); 0 = libtreeduce's defaults.
   std::uint32_t slots = 0;

@@ -1,0 +1,116 @@
+// The network loop (host/src/network_loop.cpp) with a fake transport that plays a one-rank
+// switch (every CONTRIB comes back as its RESULT) and, like a zero-copy transport whose device
+// is slow to free its frames, keeps a reference into each payload it sent for three receive()
+// calls after the send: an operation must not complete while its send buffer is referenced.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "network_loop.h"
+#include "treeduce/protocol/wire.h"
+
+namespace treeduce::host {
+namespace {
+
+class HoldingTransport final : public Transport {
+ public:
+  std::size_t batch() const noexcept override { return 16; }
+  std::string send(const OutPacket* p, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) {
+      held_.push_back({p[i].payload, p[i].payload_len, receives_ + 3});
+      proto::TdHdr td = p[i].td;
+      td.opcode = static_cast<std::uint8_t>(proto::Opcode::result);
+      std::vector<std::uint8_t> d(sizeof td + p[i].payload_len);
+      std::memcpy(d.data(), &td, sizeof td);
+      std::memcpy(d.data() + sizeof td, p[i].payload, p[i].payload_len);
+      pending_.push_back(std::move(d));
+      ++stats_.sent;
+    }
+    return {};
+  }
+  std::span<const RxDatagram> receive(std::uint64_t, std::string*) override {
+    ++receives_;
+    std::erase_if(held_, [&](const Held& h) { return h.until <= receives_; });
+    given_.swap(pending_);
+    pending_.clear();
+    rx_.clear();
+    for (const auto& d : given_) rx_.push_back({d.data(), d.size()});
+    return {rx_.data(), rx_.size()};
+  }
+  bool references(const void* p, std::size_t len) override {
+    const auto* b = static_cast<const std::uint8_t*>(p);
+    for (const Held& h : held_) {
+      if (h.addr < b + len && b < h.addr + h.len) return true;
+    }
+    return false;
+  }
+  void wake() noexcept override {}
+  const TransportStats& stats() const noexcept override { return stats_; }
+
+ private:
+  struct Held {
+    const std::uint8_t* addr;
+    std::size_t len;
+    std::uint64_t until;  // released by this receive() call
+  };
+  std::vector<Held> held_;
+  std::vector<std::vector<std::uint8_t>> pending_, given_;
+  std::vector<RxDatagram> rx_;
+  std::uint64_t receives_ = 0;
+  TransportStats stats_;
+};
+
+TEST(NetworkLoop, AnOperationCompletesOnlyOnceTheTransportLetsGoOfItsSendBuffer) {
+  auto owned = std::make_unique<HoldingTransport>();
+  HoldingTransport* t = owned.get();
+  EngineConfig ec;
+  ec.world = 1;
+  ec.slots = 8;
+  ec.payload_bytes = 256;
+  std::atomic<bool> stop{false};
+  NetworkLoop loop(std::move(owned), ec, "10.0.0.1:47110", "", 10'000, stop);
+
+  // Three operations streamed back to back, of 1, 5 and 40 chunks (64 floats each).
+  struct Source final : StreamSource {
+    std::vector<std::vector<float>> in, out;
+    std::size_t given = 0, done_n = 0, held_at_done = 0;
+    HoldingTransport* t = nullptr;
+    bool next(Operation* o) override {
+      if (given == in.size()) return false;
+      *o = Operation{in[given].data(), out[given].data(), in[given].size(), DType::f32,
+                     ReduceOp::sum};
+      ++given;
+      return true;
+    }
+    void done() override {
+      const auto& b = in[done_n];
+      if (t->references(b.data(), b.size() * sizeof(float))) ++held_at_done;
+      ++done_n;
+    }
+  } src;
+  src.t = t;
+  for (std::size_t n : {7u, 320u, 2560u}) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i) * 0.5f + 1.0f;
+    src.in.push_back(v);
+    src.out.emplace_back(n, 0.0f);
+  }
+  const auto why = loop.run_stream(src);
+  ASSERT_FALSE(why.has_value()) << why->why;
+  EXPECT_EQ(src.done_n, 3u);
+  EXPECT_EQ(src.held_at_done, 0u) << "an operation completed while its send buffer was held";
+  for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(src.out[k], src.in[k]) << k;
+  for (const auto& b : src.in) EXPECT_FALSE(t->references(b.data(), b.size() * sizeof(float)));
+
+  // run() too: it returns only once the buffer is free.
+  std::vector<float> in(100, 2.0f), out(100, 0.0f);
+  ASSERT_FALSE(loop.run(Operation{in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum}));
+  EXPECT_FALSE(t->references(in.data(), in.size() * sizeof(float)));
+  EXPECT_EQ(out, in);
+}
+
+}  // namespace
+}  // namespace treeduce::host
