@@ -17,10 +17,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +26,7 @@
 #include "grpc_tls.h"
 #include "manager.grpc.pb.h"
 #include "treeduce/aggregation/dtype.h"
+#include "treeduce/control/topology.h"
 #include "treeduce/lab/lab_cli.h"
 
 namespace pb = treeduce::control::v1;
@@ -456,15 +455,13 @@ std::shared_ptr<grpc::ChannelCredentials> g_creds;
 
 // `treeduce set-topology FILE`: sends the file's text; prints what changed by kind.
 int set_topology(const std::string& file, const std::string& manager) {
-  std::ifstream in(file);
-  if (!in) {
-    std::cerr << "treeduce: cannot open the topology file '" << file << "'.\n";
+  const auto text = treeduce::ctl::read_topology_text(file);
+  if (!text.ok()) {
+    std::cerr << "treeduce: " << text.status().message() << "\n";
     return 2;
   }
-  std::stringstream text;
-  text << in.rdbuf();
   pb::SetTopologyRequest req;
-  req.set_yaml(text.str());
+  req.set_yaml(*text);
   auto admin = pb::Admin::NewStub(grpc::CreateChannel(manager, g_creds));
   grpc::ClientContext c;
   c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));

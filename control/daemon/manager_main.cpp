@@ -6,7 +6,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <sstream>
 
 #include "treeduce/control/topology_source.h"
 
@@ -67,13 +66,11 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::ifstream topo_in(topo_path);
-  if (!topo_in) {
-    std::cerr << "treeduce-manager: cannot open the topology file '" << topo_path << "'.\n";
+  const auto topo_text = read_topology_text(topo_path);
+  if (!topo_text.ok()) {
+    std::cerr << "treeduce-manager: " << topo_text.status().message() << "\n";
     return 2;
   }
-  std::stringstream topo_text;
-  topo_text << topo_in.rdbuf();
   std::unique_ptr<Store> store;
   if (!db_path.empty()) {
     auto st = open_sqlite_store(db_path);
@@ -86,7 +83,7 @@ int main(int argc, char** argv) {
     std::cerr << "treeduce-manager: no --db: jobs and trees will not survive a restart\n";
   }
   // The file, or the topology applied at run time that the database keeps (topology_source.h).
-  auto topo = startup_topology(topo_path, topo_text.str(), store.get(), topo_source);
+  auto topo = startup_topology(topo_path, *topo_text, store.get(), topo_source);
   if (!topo.ok()) {
     std::cerr << "treeduce-manager: " << topo.status().message() << "\n";
     return 2;

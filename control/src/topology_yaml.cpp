@@ -269,12 +269,18 @@ Result<Topology> load_topology_yaml(std::string_view text) {
   return t;
 }
 
-Result<Topology> load_topology_file(const std::string& path) {
+Result<std::string> read_topology_text(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found("Cannot open the topology file '" + path + "'.");
   std::stringstream ss;
   ss << in.rdbuf();
-  auto r = load_topology_yaml(ss.str());
+  return ss.str();
+}
+
+Result<Topology> load_topology_file(const std::string& path) {
+  auto text = read_topology_text(path);
+  if (!text.ok()) return text.status();
+  auto r = load_topology_yaml(*text);
   if (!r.ok()) return Status(r.status().code(), path + ": " + r.status().message());
   return r;
 }

@@ -98,6 +98,8 @@ class Topology {
 Result<Topology> load_topology_yaml(std::string_view text);
 /// Reads and parses a file; errors name the file and line.
 Result<Topology> load_topology_file(const std::string& path);
+/// A topology file's text; not_found "Cannot open the topology file 'P'." when unreadable.
+Result<std::string> read_topology_text(const std::string& path);
 
 /// k-ary fat-tree with 2 levels (leaf-spine): k leaves with k/2 hosts and k/2 up-links each, k/2
 /// spines. k²/2 hosts. k even, 2..128.
