@@ -73,36 +73,9 @@ bool same_secret(const std::string& a, const std::string& b) {
 // One line of valid UTF-8 (no control characters): what may go into logs, tables, JSON
 // documents (nlohmann refuses to write invalid UTF-8) and proto3 strings.
 bool one_line_utf8(const std::string& s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    if (b < 0x20 || b == 0x7f) return false;
-    if (b < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t n = 0;
-    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range (no overlongs, surrogates)
-    if (b >= 0xc2 && b <= 0xdf) {
-      n = 1;
-    } else if (b >= 0xe0 && b <= 0xef) {
-      n = 2;
-      if (b == 0xe0) lo = 0xa0;
-      if (b == 0xed) hi = 0x9f;
-    } else if (b >= 0xf0 && b <= 0xf4) {
-      n = 3;
-      if (b == 0xf0) lo = 0x90;
-      if (b == 0xf4) hi = 0x8f;
-    } else {
-      return false;
-    }
-    if (i + n >= s.size()) return false;  // cut short
-    for (std::size_t k = 1; k <= n; ++k) {
-      const auto c = static_cast<unsigned char>(s[i + k]);
-      if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xbf)) return false;
-    }
-    i += n + 1;
-  }
-  return true;
+  for (unsigned char c : s)
+    if (c < 0x20 || c == 0x7f) return false;
+  return utf8_valid_prefix(s) == s.size();
 }
 
 }  // namespace
