@@ -26,6 +26,7 @@
 #include "grpc_tls.h"
 #include "manager.grpc.pb.h"
 #include "treeduce/aggregation/dtype.h"
+#include "treeduce/control/topology.h"
 #include "treeduce/lab/lab_cli.h"
 
 namespace pb = treeduce::control::v1;
@@ -452,6 +453,46 @@ void check_reach(Report& rep, const DoctorArgs& a, const pb::SwitchList* sl) {
 // with --insecure (main() sets them before any call).
 std::shared_ptr<grpc::ChannelCredentials> g_creds;
 
+// `treeduce set-topology FILE`: sends the file's text; prints what changed by kind.
+int set_topology(const std::string& file, const std::string& manager) {
+  const auto text = treeduce::ctl::read_topology_text(file);
+  if (!text.ok()) {
+    std::cerr << "treeduce: " << text.status().message() << "\n";
+    return 2;
+  }
+  pb::SetTopologyRequest req;
+  req.set_yaml(*text);
+  auto admin = pb::Admin::NewStub(grpc::CreateChannel(manager, g_creds));
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  pb::SetTopologyReply rep;
+  if (auto s = admin->SetTopology(&c, req, &rep); !s.ok()) {
+    // The loader's sentence names a line: say of which file.
+    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+      std::cerr << "treeduce: " << file << ": " << s.error_message() << "\n";
+    else
+      return fail(s, manager);
+    return 1;
+  }
+  const std::pair<const char*, const google::protobuf::RepeatedPtrField<std::string>*> kinds[] = {
+      {"switches added", &rep.switches_added()},     {"switches removed", &rep.switches_removed()},
+      {"switches changed", &rep.switches_changed()}, {"hosts added", &rep.hosts_added()},
+      {"hosts removed", &rep.hosts_removed()},       {"hosts changed", &rep.hosts_changed()},
+      {"links added", &rep.links_added()},           {"links removed", &rep.links_removed()}};
+  bool any = false;
+  for (const auto& [what, names] : kinds) {
+    if (names->empty()) continue;
+    if (!any) std::cout << "topology changed:\n";
+    any = true;
+    std::cout << "  " << what << " (" << names->size() << "):";
+    for (const std::string& n : *names) std::cout << " " << n;
+    std::cout << "\n";
+  }
+  if (!any)
+    std::cout << "topology unchanged: " << file << " describes the topology the manager has\n";
+  return 0;
+}
+
 int doctor(const DoctorArgs& args, const std::string& manager) {
   // The leaf to ping and whether to: from the environment, as the library reads them
   // (TREEDUCE_STATIC_LEAF, docs/host.md); TREEDUCE_DOCTOR_PING=0 skips the ping (tests whose
@@ -587,6 +628,12 @@ int main(int argc, char** argv) {
   auto* undrain_cmd = app.add_subcommand(
       "undrain-switch", "make a drained switch take new trees again (the admin identity only)");
   undrain_cmd->add_option("switch", drain_name, "the switch's name in the topology")->required();
+  auto* topo_cmd = app.add_subcommand(
+      "set-topology",
+      "replace the manager's topology at run time with a YAML file; refused, with nothing "
+      "changed, when it would cut a live job's tree (the admin identity only)");
+  std::string topo_file;
+  topo_cmd->add_option("file", topo_file, "the new topology (docs/manager.md)")->required();
   auto* doc_cmd = app.add_subcommand(
       "doctor", "says whether a job would be reduced in the network, and why not (exit 0: yes)");
   // `treeduce lab ...` (docs/lab.md): the lab's own code, lab/src/lab_cli.cpp.
@@ -658,6 +705,7 @@ int main(int argc, char** argv) {
     std::cout << "switch " << fail_name << " declared failed\n";
     return 0;
   }
+  if (topo_cmd->parsed()) return set_topology(topo_file, manager);
   if (drain_cmd->parsed() || undrain_cmd->parsed()) {
     auto admin = pb::Admin::NewStub(grpc::CreateChannel(manager, g_creds));
     grpc::ClientContext c;

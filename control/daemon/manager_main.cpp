@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
+
+#include "treeduce/control/topology_source.h"
 
 #include "grpc_edge.h"
 
@@ -42,6 +45,16 @@ int main(int argc, char** argv) {
   app.add_option("--admin-name", admin_name,
                  "with TLS, the certificate name (CN) of the admin identity")
       ->capture_default_str();
+  TopologySource topo_source = TopologySource::automatic;
+  app.add_option("--topology-source", topo_source,
+                 "with --db, after a topology was applied at run time (treeduce set-topology) and "
+                 "the --topology file was edited too: 'db' keeps the applied one, 'file' takes the "
+                 "file's; 'auto' refuses to start in that case (docs/manager.md)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, TopologySource>{{"auto", TopologySource::automatic},
+                                                {"file", TopologySource::file},
+                                                {"db", TopologySource::db}}))
+      ->default_str("auto");
   app.add_flag("--insecure", tls.insecure,
                "no TLS and no client authentication (labs and tests only)");
   CLI11_PARSE(app, argc, argv);
@@ -53,9 +66,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  auto topo = load_topology_file(topo_path);
-  if (!topo.ok()) {
-    std::cerr << "treeduce-manager: " << topo.status().message() << "\n";
+  const auto topo_text = read_topology_text(topo_path);
+  if (!topo_text.ok()) {
+    std::cerr << "treeduce-manager: " << topo_text.status().message() << "\n";
     return 2;
   }
   std::unique_ptr<Store> store;
@@ -69,6 +82,13 @@ int main(int argc, char** argv) {
   } else {
     std::cerr << "treeduce-manager: no --db: jobs and trees will not survive a restart\n";
   }
+  // The file, or the topology applied at run time that the database keeps (topology_source.h).
+  auto topo = startup_topology(topo_path, *topo_text, store.get(), topo_source);
+  if (!topo.ok()) {
+    std::cerr << "treeduce-manager: " << topo.status().message() << "\n";
+    return 2;
+  }
+  if (!topo->note.empty()) std::cerr << "treeduce-manager: topology: " << topo->note << "\n";
   GrpcSwitchClient client(2000, tls);
   RegistryOptions opt;
   opt.store = store.get();
@@ -76,7 +96,8 @@ int main(int argc, char** argv) {
   opt.switch_lease_ms = switch_lease_ms;
   opt.restore_grace_ms = restore_grace_ms;
   opt.require_registration = !no_registration;
-  JobRegistry reg(*topo, client, opt);
+  opt.topology_file_hash = topo->file_hash;
+  JobRegistry reg(topo->topo, client, opt);
   // Restore before listening: a rank's heartbeat must never find its job missing.
   auto restored = reg.restore();
   if (!restored.ok()) {
@@ -97,8 +118,8 @@ int main(int argc, char** argv) {
     std::ofstream(tmp) << server.port() << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
-  std::cerr << "treeduce-manager: " << topo->switches.size() << " switches, " << topo->hosts.size()
-            << " hosts; listening on port " << server.port()
+  std::cerr << "treeduce-manager: " << topo->topo.switches.size() << " switches, "
+            << topo->topo.hosts.size() << " hosts; listening on port " << server.port()
             << (tls.insecure ? " without TLS (--insecure)" : " with mutual TLS") << "\n";
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);

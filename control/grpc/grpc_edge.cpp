@@ -295,8 +295,7 @@ std::string not_admin(const grpc::ServerContext& ctx, const std::string& admin) 
 
 class ManagerServer::Queries final : public pb::Query::Service {
  public:
-  Queries(JobRegistry& r, const Topology& t, std::string admin)
-      : reg_(r), topo_(t), admin_(std::move(admin)) {}
+  Queries(JobRegistry& r, std::string admin) : reg_(r), admin_(std::move(admin)) {}
 
   grpc::Status ListJobs(grpc::ServerContext* ctx, const pb::ListRequest* req,
                         pb::JobList* rep) override {
@@ -324,7 +323,7 @@ class ManagerServer::Queries final : public pb::Query::Service {
         j->set_payload_bytes(v.tree->payload_bytes);
         j->set_dtype_mask(v.tree->dtype_mask);
         j->set_op_mask(v.tree->op_mask);
-        for (const auto& n : v.tree->nodes) j->add_switches(topo_.switches[n.sw].name);
+        for (const std::string& n : v.tree_switches) j->add_switches(n);
       }
     }
     return grpc::Status::OK;
@@ -334,12 +333,12 @@ class ManagerServer::Queries final : public pb::Query::Service {
                             pb::SwitchList* rep) override {
     for (const SwitchView& v : reg_.switches()) {
       auto* s = rep->add_switches();
-      s->set_name(topo_.switches[v.index].name);
-      s->set_level(topo_.switches[v.index].level);
+      s->set_name(v.name);
+      s->set_level(v.level);
       s->set_up(v.up);
       s->set_registered(v.registered);
       s->set_agent_address(v.agent);
-      s->set_data_address(to_string(topo_.switches[v.index].data));
+      s->set_data_address(to_string(v.data));
       to_proto(v.profile, s->mutable_resources());
       s->set_trees_used(v.used.trees);
       s->set_slots_used(v.used.slots);
@@ -352,7 +351,6 @@ class ManagerServer::Queries final : public pb::Query::Service {
 
  private:
   JobRegistry& reg_;
-  const Topology& topo_;
   std::string admin_;
 };
 
@@ -379,6 +377,27 @@ class ManagerServer::Admins final : public pb::Admin::Service {
     return to_grpc(reg_.drain_switch(req->name(), req->drain(), req->reason()));
   }
 
+  grpc::Status SetTopology(grpc::ServerContext* ctx, const pb::SetTopologyRequest* req,
+                           pb::SetTopologyReply* rep) override {
+    if (const std::string why = not_admin(*ctx, admin_); !why.empty())
+      return to_grpc(
+          permission_denied("Changing the topology needs the admin identity (" + why + ")."));
+    auto ch = reg_.set_topology(req->yaml());
+    if (!ch.ok()) return to_grpc(ch.status());
+    auto add = [](const std::vector<std::string>& from, auto* to) {
+      for (const std::string& s : from) to->Add(std::string(s));
+    };
+    add(ch->switches_added, rep->mutable_switches_added());
+    add(ch->switches_removed, rep->mutable_switches_removed());
+    add(ch->switches_changed, rep->mutable_switches_changed());
+    add(ch->hosts_added, rep->mutable_hosts_added());
+    add(ch->hosts_removed, rep->mutable_hosts_removed());
+    add(ch->hosts_changed, rep->mutable_hosts_changed());
+    add(ch->links_added, rep->mutable_links_added());
+    add(ch->links_removed, rep->mutable_links_removed());
+    return grpc::Status::OK;
+  }
+
  private:
   JobRegistry& reg_;
   std::string admin_;
@@ -389,7 +408,7 @@ ManagerServer::ManagerServer(JobRegistry& reg, const std::string& listen, int sw
     : reg_(reg),
       jobs_(std::make_unique<Jobs>(reg)),
       switches_(std::make_unique<Switches>(reg)),
-      queries_(std::make_unique<Queries>(reg, reg.topology(), admin_name)),
+      queries_(std::make_unique<Queries>(reg, admin_name)),
       admins_(std::make_unique<Admins>(reg, admin_name)) {
   auto creds = tls::server_credentials(tls, &error_);
   if (!creds) return;

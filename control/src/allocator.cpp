@@ -70,7 +70,7 @@ struct Allocator::Plan {
 };
 
 Allocator::Allocator(const Topology& topo, AllocatorOptions opt)
-    : topo_(topo),
+    : topo_(&topo),
       opt_(opt),
       used_(topo.switches.size()),
       up_(topo.switches.size(), 1),
@@ -83,7 +83,7 @@ Allocator::Allocator(const Topology& topo, AllocatorOptions opt)
 
 Status Allocator::set_profile(std::uint32_t sw, const ResourceProfile& p) {
   if (!fits(p, Usage{}, used_[sw]))
-    return failed_precondition("Switch " + topo_.switches[sw].name +
+    return failed_precondition("Switch " + topo_->switches[sw].name +
                                " reports limits below what is in use: " + fmt_usage(p, used_[sw]) +
                                ".");
   prof_[sw] = p;
@@ -91,7 +91,7 @@ Status Allocator::set_profile(std::uint32_t sw, const ResourceProfile& p) {
 }
 
 bool Allocator::admits(const Ctx& c, std::uint32_t sw, std::string* why) const {
-  const Switch& s = topo_.switches[sw];
+  const Switch& s = topo_->switches[sw];
   const ResourceProfile& p = profile(sw);
   const JobRequest& r = *c.req;
   auto no = [&](const std::string& m) {
@@ -120,7 +120,7 @@ bool Allocator::build(const Ctx& c, std::uint32_t sw, std::int32_t parent,
                       std::uint16_t index_at_parent, std::vector<std::uint64_t> need,
                       Plan* plan) const {
   if (!admits(c, sw, &plan->why)) return false;
-  const Switch& s = topo_.switches[sw];
+  const Switch& s = topo_->switches[sw];
   const ResourceProfile& p = profile(sw);
   const std::uint32_t max_children = std::min(p.max_children, kMaxChildren);
   const auto me = std::uint32_t(plan->nodes.size());
@@ -134,7 +134,7 @@ bool Allocator::build(const Ctx& c, std::uint32_t sw, std::int32_t parent,
   }
   std::uint32_t nchildren = 0;
   if (s.level == 0) {
-    const auto& ranks = c.leaf_ranks[topo_.leaf_number(sw)];
+    const auto& ranks = c.leaf_ranks[topo_->leaf_number(sw)];
     if (ranks.size() > max_children) {
       if (plan->why.empty())
         plan->why = "leaf " + s.name + " would have " + std::to_string(ranks.size()) +
@@ -164,7 +164,7 @@ bool Allocator::build(const Ctx& c, std::uint32_t sw, std::int32_t parent,
     };
     std::priority_queue<Cand> heap;
     for (std::uint32_t d : s.down) {
-      std::uint32_t n = popcount_and(topo_.below(d) + lo, need.data() + lo, W);
+      std::uint32_t n = popcount_and(topo_->below(d) + lo, need.data() + lo, W);
       if (n) heap.push({n, utilisation(profile(d), used_[d]), d});
     }
     std::vector<std::uint64_t> sub(need.size());
@@ -179,7 +179,7 @@ bool Allocator::build(const Ctx& c, std::uint32_t sw, std::int32_t parent,
       }
       Cand top = heap.top();
       heap.pop();
-      std::uint32_t n = popcount_and(topo_.below(top.sw) + lo, need.data() + lo, W);
+      std::uint32_t n = popcount_and(topo_->below(top.sw) + lo, need.data() + lo, W);
       if (n == 0) continue;
       if (n != top.count) {
         top.count = n;
@@ -193,7 +193,7 @@ bool Allocator::build(const Ctx& c, std::uint32_t sw, std::int32_t parent,
         plan->nodes.resize(me);
         return false;
       }
-      const std::uint64_t* b = topo_.below(top.sw);
+      const std::uint64_t* b = topo_->below(top.sw);
       for (std::size_t w = lo; w < hi; ++w) sub[w] = b[w] & need[w];
       const auto child = std::uint32_t(plan->nodes.size());
       if (!build(c, top.sw, std::int32_t(me), std::uint16_t(nchildren), sub, plan)) continue;
@@ -221,7 +221,7 @@ bool Allocator::plan_from(const Ctx& c, std::uint32_t root, Plan* plan) const {
   if (!plan->ok) return false;
   // Score on the switches that differ between candidates: every tree holds the same leaves.
   for (const TreeNode& n : plan->nodes) {
-    if (topo_.switches[n.sw].level == 0) continue;
+    if (topo_->switches[n.sw].level == 0) continue;
     Usage after = used_[n.sw];
     after += tree_cost(c.req->slots, payload_on(c.req->payload_bytes, profile(n.sw)),
                        c.req->deterministic, std::uint32_t(n.children.size()));
@@ -281,25 +281,25 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
 
   Ctx c;
   c.req = &req;
-  c.leaf_ranks.resize(topo_.num_leaves());
-  c.need.assign(topo_.leaf_words(), 0);
+  c.leaf_ranks.resize(topo_->num_leaves());
+  c.need.assign(topo_->leaf_words(), 0);
   for (std::uint32_t r = 0; r < req.rank_host.size(); ++r) {
     std::uint32_t h = req.rank_host[r];
-    if (h >= topo_.hosts.size())
+    if (h >= topo_->hosts.size())
       return invalid_argument("Rank " + std::to_string(r) + " is on a host the topology lacks.");
-    std::uint32_t leaf = topo_.leaf_number(topo_.hosts[h].leaf);
+    std::uint32_t leaf = topo_->leaf_number(topo_->hosts[h].leaf);
     c.leaf_ranks[leaf].push_back(r);
     c.need[leaf / 64] |= 1ull << (leaf % 64);
   }
   std::uint32_t nleaves = 0, lowest = 0;
-  for (std::uint32_t l = 0; l < topo_.num_leaves(); ++l) {
+  for (std::uint32_t l = 0; l < topo_->num_leaves(); ++l) {
     if (c.leaf_ranks[l].empty()) continue;
     ++nleaves;
     lowest = l;
     // Every leaf of the job is in every tree: a full leaf refuses the job whatever the root.
     std::string why;
-    if (!admits(c, topo_.leaf_switch(l), &why)) {
-      const std::uint32_t leaf = topo_.leaf_switch(l);
+    if (!admits(c, topo_->leaf_switch(l), &why)) {
+      const std::uint32_t leaf = topo_->leaf_switch(l);
       // Not by the sentence alone: a drain's reason is free text.
       bool capacity = up_[leaf] && !drained_[leaf] && why.find(" is out of ") != std::string::npos;
       return Status(capacity ? Code::resource_exhausted : Code::failed_precondition,
@@ -309,13 +309,13 @@ Result<Allocation> Allocator::allocate(const JobRequest& req) {
 
   std::string first_why;
   bool reachable = false;
-  for (std::uint32_t h = (nleaves == 1 ? 0 : 1); h < topo_.levels(); ++h) {
+  for (std::uint32_t h = (nleaves == 1 ? 0 : 1); h < topo_->levels(); ++h) {
     std::vector<std::uint32_t> cands;
     if (h == 0) {
-      cands.push_back(topo_.leaf_switch(lowest));
+      cands.push_back(topo_->leaf_switch(lowest));
     } else {
-      for (std::uint32_t sw : topo_.at_level(h))
-        if (popcount_and(topo_.below(sw), c.need.data(), topo_.leaf_words()) == nleaves)
+      for (std::uint32_t sw : topo_->at_level(h))
+        if (popcount_and(topo_->below(sw), c.need.data(), topo_->leaf_words()) == nleaves)
           cands.push_back(sw);
     }
     if (cands.empty()) continue;
@@ -418,7 +418,7 @@ Status Allocator::adopt(const Allocation& a) {
   if (a.nodes.empty()) return invalid_argument("The tree of job '" + a.job + "' has no switches.");
   for (std::size_t i = 0; i < a.nodes.size(); ++i) {
     const TreeNode& n = a.nodes[i];
-    if (n.sw >= topo_.switches.size())
+    if (n.sw >= topo_->switches.size())
       return invalid_argument("The tree of job '" + a.job + "' names a switch the topology lacks.");
     if ((i == 0) != (n.parent < 0) || (n.parent >= 0 && std::size_t(n.parent) >= i))
       return invalid_argument("The tree of job '" + a.job + "' is not a tree.");
@@ -427,11 +427,74 @@ Status Allocator::adopt(const Allocation& a) {
         tree_cost(a.slots, a.payload_bytes, a.deterministic, std::uint32_t(n.children.size()));
     if (!fits(p, used_[n.sw], cost))
       return resource_exhausted("The tree of job '" + a.job + "' no longer fits on switch " +
-                                topo_.switches[n.sw].name + ": " + fmt_usage(p, used_[n.sw]) +
+                                topo_->switches[n.sw].name + ": " + fmt_usage(p, used_[n.sw]) +
                                 " in use.");
   }
   commit(a, +1);
   jobs_.emplace(a.job, a);
+  return Status::Ok();
+}
+
+Status Allocator::rebase(const Topology& next, const std::vector<std::int64_t>& old_of,
+                         bool new_up) {
+  const std::size_t n = next.switches.size();
+  std::vector<std::int64_t> new_of(topo_->switches.size(), -1);
+  for (std::size_t i = 0; i < n && i < old_of.size(); ++i)
+    if (old_of[i] >= 0) new_of[std::size_t(old_of[i])] = std::int64_t(i);
+  std::vector<ResourceProfile> prof(n);
+  std::vector<Usage> used(n);
+  std::vector<std::uint8_t> up(n, new_up ? 1 : 0), drained(n, 0);
+  std::vector<std::string> reason(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t o = i < old_of.size() ? old_of[i] : -1;
+    if (o < 0) {
+      prof[i] = next.profile_of(std::uint32_t(i));
+      continue;
+    }
+    const auto k = std::size_t(o);
+    // The file's profile wins only when the file changed it; else what the switch registered.
+    prof[i] = next.profile_of(std::uint32_t(i)) == topo_->profile_of(std::uint32_t(k))
+                  ? prof_[k]
+                  : next.profile_of(std::uint32_t(i));
+    up[i] = up_[k];
+    drained[i] = drained_[k];
+    reason[i] = drain_reason_[k];
+  }
+  std::map<std::string, Allocation> jobs;
+  for (const auto& [name, a0] : jobs_) {
+    Allocation a = a0;
+    for (TreeNode& node : a.nodes) {
+      if (new_of[node.sw] < 0)
+        return failed_precondition("The tree of job '" + name + "' uses switch " +
+                                   topo_->switches[node.sw].name +
+                                   ", which the new topology lacks.");
+      node.sw = std::uint32_t(new_of[node.sw]);
+      const ResourceProfile& p = prof[node.sw];
+      // The tree's switches were told what it reduces and how big it is: a new profile must
+      // still carry it.
+      if ((a.dtype_mask & ~p.dtype_mask) != 0 || (a.op_mask & ~p.op_mask) != 0 ||
+          (a.deterministic && !p.deterministic) || a.payload_bytes > p.max_payload_bytes ||
+          node.children.size() > p.max_children)
+        return failed_precondition("Switch " + next.switches[node.sw].name + " would get profile " +
+                                   p.name + ", which cannot carry the tree of job '" + name +
+                                   "' (its types and operations, mode, payload or fan-in).");
+      used[node.sw] +=
+          tree_cost(a.slots, a.payload_bytes, a.deterministic, std::uint32_t(node.children.size()));
+    }
+    jobs.emplace(name, std::move(a));
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!fits(prof[i], Usage{}, used[i]))
+      return failed_precondition(
+          "Switch " + next.switches[i].name + " would get profile " + prof[i].name +
+          ", below what its trees use: " + fmt_usage(prof[i], used[i]) + ".");
+  topo_ = &next;
+  prof_ = std::move(prof);
+  used_ = std::move(used);
+  up_ = std::move(up);
+  drained_ = std::move(drained);
+  drain_reason_ = std::move(reason);
+  jobs_ = std::move(jobs);
   return Status::Ok();
 }
 

@@ -10,6 +10,7 @@
 
 #include <sys/random.h>
 
+#include "treeduce/control/topology_source.h"
 #include "treeduce/protocol/tree.h"
 
 namespace treeduce::ctl {
@@ -83,36 +84,9 @@ bool same_secret(const std::string& a, const std::string& b) {
 // One line of valid UTF-8 (no control characters): what may go into logs, tables, JSON
 // documents (nlohmann refuses to write invalid UTF-8) and proto3 strings.
 bool one_line_utf8(const std::string& s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    if (b < 0x20 || b == 0x7f) return false;
-    if (b < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t n = 0;
-    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range (no overlongs, surrogates)
-    if (b >= 0xc2 && b <= 0xdf) {
-      n = 1;
-    } else if (b >= 0xe0 && b <= 0xef) {
-      n = 2;
-      if (b == 0xe0) lo = 0xa0;
-      if (b == 0xed) hi = 0x9f;
-    } else if (b >= 0xf0 && b <= 0xf4) {
-      n = 3;
-      if (b == 0xf0) lo = 0x90;
-      if (b == 0xf4) hi = 0x8f;
-    } else {
-      return false;
-    }
-    if (i + n >= s.size()) return false;  // cut short
-    for (std::size_t k = 1; k <= n; ++k) {
-      const auto c = static_cast<unsigned char>(s[i + k]);
-      if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xbf)) return false;
-    }
-    i += n + 1;
-  }
-  return true;
+  for (unsigned char c : s)
+    if (c < 0x20 || c == 0x7f) return false;
+  return utf8_valid_prefix(s) == s.size();
 }
 
 }  // namespace
@@ -132,7 +106,11 @@ std::string_view name(JobState s) noexcept {
 }
 
 JobRegistry::JobRegistry(const Topology& topo, SwitchClient& client, RegistryOptions opt)
-    : topo_(topo), client_(client), opt_(std::move(opt)), alloc_(topo), sw_(topo.switches.size()) {
+    : topo_(std::make_shared<const Topology>(topo)),
+      client_(client),
+      opt_(std::move(opt)),
+      alloc_(*topo_),
+      sw_(topo.switches.size()) {
   if (!opt_.clock) opt_.clock = steady_ms;
   // Job keys guard against stray packets of other jobs, not against attackers on the wire
   // (docs/manager.md): a seeded mixer is enough.
@@ -147,9 +125,9 @@ Status JobRegistry::validate(const JoinArgs& a, std::uint32_t* host) const {
   if (a.world == 0 || a.world > opt_.max_world)
     return invalid_argument("World size " + std::to_string(a.world) + " of job '" + a.job +
                             "' is outside 1.." + std::to_string(opt_.max_world) + ".");
-  if (std::uint64_t(a.world) > std::uint64_t(topo_.hosts.size()) * 64)
+  if (std::uint64_t(a.world) > std::uint64_t(topo_->hosts.size()) * 64)
     return invalid_argument("World size " + std::to_string(a.world) + " of job '" + a.job +
-                            "' exceeds what " + std::to_string(topo_.hosts.size()) +
+                            "' exceeds what " + std::to_string(topo_->hosts.size()) +
                             " hosts with at most 64 ranks each can hold.");
   if (a.rank >= a.world)
     return invalid_argument("Rank " + std::to_string(a.rank) + " does not exist in job '" + a.job +
@@ -172,10 +150,10 @@ Status JobRegistry::validate(const JoinArgs& a, std::uint32_t* host) const {
         ").");
   if (a.port == 0)
     return invalid_argument("Rank " + std::to_string(a.rank) + " gave no UDP port for results.");
-  std::int64_t h = topo_.find_host(a.host);
+  std::int64_t h = topo_->find_host(a.host);
   if (h < 0) {
     auto ip = parse_address(a.host);
-    if (ip.ok() && ip->port == 0) h = topo_.find_host_by_ip(ip->ip);
+    if (ip.ok() && ip->port == 0) h = topo_->find_host_by_ip(ip->ip);
   }
   if (h < 0)
     return not_found("Host '" + a.host + "' of rank " + std::to_string(a.rank) +
@@ -186,8 +164,8 @@ Status JobRegistry::validate(const JoinArgs& a, std::uint32_t* host) const {
 
 Result<RankAssignment> JobRegistry::join(const JoinArgs& a, std::uint64_t wait_ms) {
   std::uint32_t host = 0;
+  std::unique_lock lock(mu_);  // before validate(): set_topology() may renumber hosts
   if (Status s = validate(a, &host); !s.ok()) return s;
-  std::unique_lock lock(mu_);
   if (closed_) return unavailable("The manager is shutting down; join again when it is back.");
   auto it = jobs_.find(a.job);
   if (it != jobs_.end() && it->second.aborted) {
@@ -224,8 +202,8 @@ Result<RankAssignment> JobRegistry::join(const JoinArgs& a, std::uint64_t wait_m
                                  "'.");
     if (r->second.host != host || r->second.port != a.port)
       return already_exists("Rank " + std::to_string(a.rank) + " of job '" + a.job +
-                            "' already joined from " + topo_.hosts[r->second.host].name + " port " +
-                            std::to_string(r->second.port) + ".");
+                            "' already joined from " + topo_->hosts[r->second.host].name +
+                            " port " + std::to_string(r->second.port) + ".");
     // Same endpoint: a retry after DEADLINE_EXCEEDED or a lost reply.
   } else {
     if (j.state != JobState::gathering)
@@ -315,18 +293,18 @@ std::vector<TreeInstall> JobRegistry::installs_for(const Allocation& a, std::uin
   std::vector<TreeInstall> out;
   for (const TreeNode& n : a.nodes) {
     TreeInstall t;
-    t.switch_name = topo_.switches[n.sw].name;
+    t.switch_name = topo_->switches[n.sw].name;
     t.job = a.job;
     t.tree_id = a.tree_id;
     t.key = key;
     t.role = n.role;
-    if (n.parent >= 0) t.parent = topo_.switches[a.nodes[std::size_t(n.parent)].sw].data;
+    if (n.parent >= 0) t.parent = topo_->switches[a.nodes[std::size_t(n.parent)].sw].data;
     t.index_at_parent = n.index_at_parent;
     for (const TreeChild& c : n.children) {
       if (c.is_rank)
         t.children.push_back({rank_addr[c.id], 1});
       else
-        t.children.push_back({topo_.switches[a.nodes[c.id].sw].data, std::uint16_t(below[c.id])});
+        t.children.push_back({topo_->switches[a.nodes[c.id].sw].data, std::uint16_t(below[c.id])});
     }
     t.slots = a.slots;
     t.payload_bytes = a.payload_bytes;
@@ -340,7 +318,7 @@ std::vector<TreeInstall> JobRegistry::installs_for(const Allocation& a, std::uin
 
 Status JobRegistry::install_tree(Job& j) {
   std::vector<Address> addr;
-  for (const auto& [rank, r] : j.ranks) addr.push_back({topo_.hosts[r.host].data.ip, r.port});
+  for (const auto& [rank, r] : j.ranks) addr.push_back({topo_->hosts[r.host].data.ip, r.port});
   const auto installs = installs_for(*j.tree, j.key, addr);
   // Leaves last would let a host's first packet find its leaf before the root exists; install
   // root first (nodes order) so every parent is ready before its children forward to it.
@@ -384,13 +362,13 @@ void JobRegistry::remove_tree(Job& j) {
   if (!j.tree) return;
   for (const TreeNode& n : j.tree->nodes)
     if (alloc_.switch_up(n.sw))
-      (void)client_.remove(sw_[n.sw].agent, topo_.switches[n.sw].name, j.tree->tree_id);
+      (void)client_.remove(sw_[n.sw].agent, topo_->switches[n.sw].name, j.tree->tree_id);
   (void)alloc_.release(j.tree->job);
   j.tree.reset();
 }
 
 void JobRegistry::fail_jobs_on(std::uint32_t sw, const std::string& why) {
-  const std::string& sname = topo_.switches[sw].name;
+  const std::string& sname = topo_->switches[sw].name;
   touch_switch(sw);
   for (const std::string& job : alloc_.set_switch_up(sw, false)) {
     auto it = jobs_.find(job);
@@ -410,8 +388,8 @@ RankAssignment JobRegistry::assignment(const Job& j, std::uint32_t rank) const {
   out.tree_id = a.tree_id;
   const RankPlace& p = a.ranks[rank];  // a started job has every rank 0..world-1
   const std::uint32_t sw = a.nodes[p.node].sw;
-  out.leaf_switch = topo_.switches[sw].name;
-  out.leaf = topo_.switches[sw].data;
+  out.leaf_switch = topo_->switches[sw].name;
+  out.leaf = topo_->switches[sw].data;
   out.child_index = p.child_index;
   out.slots = a.slots;
   out.payload_bytes = a.payload_bytes;
@@ -424,7 +402,7 @@ RankAssignment JobRegistry::assignment(const Job& j, std::uint32_t rank) const {
   out.lease_ms = opt_.lease_ms;
   for (const TreeNode& n : a.nodes) {
     const ResourceProfile& prof = alloc_.profile(n.sw);
-    out.switches.push_back({topo_.switches[n.sw].name, prof.name, prof.dtype_mask, prof.op_mask});
+    out.switches.push_back({topo_->switches[n.sw].name, prof.name, prof.dtype_mask, prof.op_mask});
   }
   return out;
 }
@@ -460,7 +438,7 @@ Result<JobView> JobRegistry::heartbeat(const std::string& job, std::uint32_t ran
     return not_found("Rank " + std::to_string(rank) + " is not in job '" + job + "'.");
   r->second.lease_until = now() + std::int64_t(opt_.lease_ms);
   const Job& j = it->second;
-  JobView v{job, j.state, j.reason, j.params.world, std::uint32_t(j.ranks.size()), j.tree};
+  JobView v{job, j.state, j.reason, j.params.world, std::uint32_t(j.ranks.size()), j.tree, {}};
   return v;
 }
 
@@ -575,7 +553,7 @@ Result<Reconciled> JobRegistry::register_switch(const std::string& name, const s
                                                 const std::optional<ResourceProfile>& limits,
                                                 const std::vector<HeldTree>& held) {
   std::lock_guard lock(mu_);
-  std::int64_t sw = topo_.find_switch(name);
+  std::int64_t sw = topo_->find_switch(name);
   if (sw < 0) return not_found("Switch '" + name + "' is not in the topology.");
   if (agent.empty() || agent.find(':') == std::string::npos)
     return invalid_argument("Switch '" + name + "' gave no agent address (host:port).");
@@ -609,7 +587,7 @@ Result<Reconciled> JobRegistry::register_switch(const std::string& name, const s
 }
 
 Result<Reconciled> JobRegistry::reconcile(std::uint32_t sw, const std::vector<HeldTree>& held) {
-  const std::string& sname = topo_.switches[sw].name;
+  const std::string& sname = topo_->switches[sw].name;
   // What this registry has on the switch: tree id -> (job, that switch's install).
   std::map<std::uint16_t, std::pair<std::string, TreeInstall>> want;
   for (auto& [jname, j] : jobs_) {
@@ -617,7 +595,7 @@ Result<Reconciled> JobRegistry::reconcile(std::uint32_t sw, const std::vector<He
     for (std::size_t i = 0; i < j.tree->nodes.size(); ++i) {
       if (j.tree->nodes[i].sw != sw) continue;
       std::vector<Address> addr;
-      for (const auto& [rank, r] : j.ranks) addr.push_back({topo_.hosts[r.host].data.ip, r.port});
+      for (const auto& [rank, r] : j.ranks) addr.push_back({topo_->hosts[r.host].data.ip, r.port});
       want[j.tree->tree_id] = {jname, installs_for(*j.tree, j.key, addr)[i]};
     }
   }
@@ -669,7 +647,7 @@ Result<Reconciled> JobRegistry::reconcile(std::uint32_t sw, const std::vector<He
 
 Status JobRegistry::switch_heartbeat(const std::string& name) {
   std::lock_guard lock(mu_);
-  std::int64_t sw = topo_.find_switch(name);
+  std::int64_t sw = topo_->find_switch(name);
   if (sw < 0) return not_found("Switch '" + name + "' is not in the topology.");
   Sw& s = sw_[std::size_t(sw)];
   if (!s.registered || !alloc_.switch_up(std::uint32_t(sw)))
@@ -682,7 +660,7 @@ Status JobRegistry::switch_heartbeat(const std::string& name) {
 
 Status JobRegistry::fail_switch(const std::string& name, const std::string& why) {
   std::lock_guard lock(mu_);
-  std::int64_t sw = topo_.find_switch(name);
+  std::int64_t sw = topo_->find_switch(name);
   if (sw < 0) return not_found("Switch '" + name + "' is not in the topology.");
   fail_jobs_on(std::uint32_t(sw), why);
   flush();
@@ -691,7 +669,7 @@ Status JobRegistry::fail_switch(const std::string& name, const std::string& why)
 
 Status JobRegistry::drain_switch(const std::string& name, bool drain, const std::string& reason) {
   std::lock_guard lock(mu_);
-  std::int64_t sw = topo_.find_switch(name);
+  std::int64_t sw = topo_->find_switch(name);
   if (sw < 0) return not_found("Switch '" + name + "' is not in the topology.");
   // The reason goes into logs, tables and refusal sentences: one short line.
   if (reason.size() > 200 || !one_line_utf8(reason))
@@ -720,7 +698,10 @@ std::vector<JobView> JobRegistry::jobs() const {
   for (const auto& [n, j] : jobs_) {
     std::uint32_t joined = 0;
     for (const auto& kv : j.ranks) joined += kv.second.left ? 0 : 1;
-    out.push_back({n, j.state, j.reason, j.params.world, joined, j.tree});
+    out.push_back({n, j.state, j.reason, j.params.world, joined, j.tree, {}});
+    if (j.tree)
+      for (const TreeNode& node : j.tree->nodes)
+        out.back().tree_switches.push_back(topo_->switches[node.sw].name);
   }
   return out;
 }
@@ -729,7 +710,8 @@ std::vector<SwitchView> JobRegistry::switches() const {
   std::lock_guard lock(mu_);
   std::vector<SwitchView> out;
   for (std::uint32_t i = 0; i < sw_.size(); ++i)
-    out.push_back({i, alloc_.switch_up(i), sw_[i].registered, sw_[i].agent, alloc_.profile(i),
+    out.push_back({i, topo_->switches[i].name, topo_->switches[i].level, topo_->switches[i].data,
+                   alloc_.switch_up(i), sw_[i].registered, sw_[i].agent, alloc_.profile(i),
                    alloc_.usage(i), alloc_.drained(i), alloc_.drain_reason(i)});
   return out;
 }
@@ -761,7 +743,7 @@ std::string JobRegistry::job_doc(const Job& j) const {
             {"owner", j.owner}};
   json ranks = json::array();
   for (const auto& [rank, r] : j.ranks)
-    ranks.push_back({rank, topo_.hosts[r.host].name, r.port, r.left});
+    ranks.push_back({rank, topo_->hosts[r.host].name, r.port, r.left});
   d["ranks"] = ranks;
   if (j.tree) {
     const Allocation& a = *j.tree;
@@ -769,7 +751,7 @@ std::string JobRegistry::job_doc(const Job& j) const {
     for (const TreeNode& n : a.nodes) {
       json ch = json::array();
       for (const TreeChild& c : n.children) ch.push_back({c.is_rank ? 1 : 0, c.id});
-      nodes.push_back({{"sw", topo_.switches[n.sw].name},
+      nodes.push_back({{"sw", topo_->switches[n.sw].name},
                        {"role", int(n.role)},
                        {"parent", n.parent},
                        {"idx", n.index_at_parent},
@@ -805,7 +787,13 @@ std::string JobRegistry::switch_doc(std::uint32_t sw) const {
 }
 
 void JobRegistry::flush() {
-  if (!opt_.store || (dirty_jobs_.empty() && dirty_sw_.empty())) return;
+  if (!opt_.store) {
+    gone_sw_.clear();
+    topology_doc_.reset();
+  }
+  if (!opt_.store ||
+      (dirty_jobs_.empty() && dirty_sw_.empty() && gone_sw_.empty() && !topology_doc_))
+    return;
   Store& st = *opt_.store;
   Status s = st.begin();
   for (const std::string& name : dirty_jobs_) {
@@ -815,12 +803,19 @@ void JobRegistry::flush() {
   }
   for (std::uint32_t sw : dirty_sw_) {
     if (!s.ok()) break;
-    s = st.put("switches", topo_.switches[sw].name, switch_doc(sw));
+    s = st.put("switches", topo_->switches[sw].name, switch_doc(sw));
   }
+  for (const std::string& name : gone_sw_) {
+    if (!s.ok()) break;
+    s = st.erase("switches", name);
+  }
+  if (s.ok() && topology_doc_) s = st.put(kTopologyTable, kAppliedTopologyKey, *topology_doc_);
   if (s.ok()) s = st.commit();
   if (!s.ok()) std::cerr << "treeduce-manager: state not saved: " << s.message() << "\n";
   dirty_jobs_.clear();
   dirty_sw_.clear();
+  gone_sw_.clear();
+  topology_doc_.reset();
 }
 
 Result<std::size_t> JobRegistry::restore() {
@@ -830,7 +825,7 @@ Result<std::size_t> JobRegistry::restore() {
   auto sws = opt_.store->load("switches");
   if (!sws.ok()) return sws.status();
   for (const auto& [name, doc] : *sws) {
-    std::int64_t sw = topo_.find_switch(name);
+    std::int64_t sw = topo_->find_switch(name);
     if (sw < 0) continue;  // no longer in the topology
     try {
       json d = json::parse(doc);
@@ -882,7 +877,7 @@ Result<std::size_t> JobRegistry::restore() {
       if (j.credential.empty()) j.credential = new_credential();
       j.owner = d.value("owner", std::string());
       for (const json& r : d.at("ranks")) {
-        std::int64_t h = topo_.find_host(r.at(1).get<std::string>());
+        std::int64_t h = topo_->find_host(r.at(1).get<std::string>());
         if (h < 0) throw std::runtime_error("host " + r.at(1).get<std::string>() + " is gone");
         j.ranks[r.at(0)] =
             Rank{std::uint32_t(h), r.at(2),
@@ -901,7 +896,7 @@ Result<std::size_t> JobRegistry::restore() {
         al.depth = a.at("depth");
         for (const json& nj : a.at("nodes")) {
           TreeNode tn;
-          std::int64_t sw = topo_.find_switch(nj.at("sw").get<std::string>());
+          std::int64_t sw = topo_->find_switch(nj.at("sw").get<std::string>());
           if (sw < 0)
             throw std::runtime_error("switch " + nj.at("sw").get<std::string>() + " is gone");
           tn.sw = std::uint32_t(sw);
@@ -930,6 +925,183 @@ Result<std::size_t> JobRegistry::restore() {
   }
   flush();
   return n;
+}
+
+}  // namespace treeduce::ctl
+
+namespace treeduce::ctl {
+
+// ---- changing the topology -----------------------------------------------------------------
+// The registry owns its topology through a shared_ptr and every index it keeps (ranks' hosts,
+// tree nodes, sw_, the allocator's per-switch state) refers to it. set_topology() builds the new
+// one aside, checks that every live job's switches, hosts and links are still there unchanged,
+// renumbers all indices by name into copies, and swaps everything under the lock: a reader
+// never sees indices of one topology against the other. Snapshots handed out by topology()
+// keep the old one alive for as long as a caller holds it.
+
+std::shared_ptr<const Topology> JobRegistry::topology() const {
+  std::lock_guard lock(mu_);
+  return topo_;
+}
+
+namespace {
+
+std::set<std::string> links_of(const Topology& t) {
+  std::set<std::string> out;
+  for (const Switch& s : t.switches)
+    for (std::uint32_t u : s.up) out.insert(s.name + "-" + t.switches[u].name);
+  return out;
+}
+
+bool same_switch(const Topology& a, const Switch& x, const Topology& b, const Switch& y) {
+  return x.level == y.level && x.mgmt == y.mgmt && x.data == y.data && x.ports == y.ports &&
+         a.profiles[x.profile] == b.profiles[y.profile];
+}
+
+}  // namespace
+
+Result<TopologyChange> JobRegistry::set_topology(const std::string& yaml) {
+  auto loaded = load_topology_yaml(yaml);
+  if (!loaded.ok())
+    return invalid_argument(loaded.status().message() + " The topology was not changed.");
+  auto next = std::make_shared<const Topology>(std::move(*loaded));
+  const Topology& nt = *next;
+  std::lock_guard lock(mu_);
+  const Topology& old = *topo_;
+
+  std::vector<std::int64_t> sw_new(old.switches.size()), sw_old(nt.switches.size(), -1);
+  for (std::uint32_t i = 0; i < old.switches.size(); ++i) {
+    sw_new[i] = nt.find_switch(old.switches[i].name);
+    if (sw_new[i] >= 0) sw_old[std::size_t(sw_new[i])] = i;
+  }
+  std::vector<std::int64_t> host_new(old.hosts.size());
+  for (std::uint32_t h = 0; h < old.hosts.size(); ++h)
+    host_new[h] = nt.find_host(old.hosts[h].name);
+
+  // What a live job uses must stay as it is: its ranks' hosts (address, leaf), its tree's
+  // switches (data address, level: parents and children are told addresses) and links.
+  auto host_cut = [&](std::uint32_t h) -> std::string {
+    const Host& x = old.hosts[h];
+    if (host_new[h] < 0) return "host " + x.name + " is removed";
+    const Host& y = nt.hosts[std::size_t(host_new[h])];
+    if (!(x.data == y.data)) return "host " + x.name + " gets another data address";
+    if (old.switches[x.leaf].name != nt.switches[y.leaf].name)
+      return "host " + x.name + " moves to another leaf";
+    return {};
+  };
+  auto switch_cut = [&](std::uint32_t s) -> std::string {
+    const Switch& x = old.switches[s];
+    if (sw_new[s] < 0) return "switch " + x.name + " is removed";
+    const Switch& y = nt.switches[std::size_t(sw_new[s])];
+    if (!(x.data == y.data)) return "switch " + x.name + " gets another data address";
+    if (x.level != y.level) return "switch " + x.name + " moves to another level";
+    return {};
+  };
+  std::vector<std::string> cuts;
+  std::vector<std::string> forget;  // failed or refused jobs whose hosts are gone
+  for (const auto& [name, j] : jobs_) {
+    const bool live = j.tree || j.state == JobState::gathering || j.state == JobState::running;
+    std::string why;
+    // Left ranks too: a running tree still sends them results, the store names their hosts.
+    for (const auto& [rank, r] : j.ranks) {
+      if (!live) {
+        if (host_new[r.host] < 0) why = "gone";
+      } else if (why.empty()) {
+        why = host_cut(r.host);
+      }
+    }
+    if (!live) {
+      if (!why.empty()) forget.push_back(name);
+      continue;
+    }
+    if (j.tree)
+      for (const TreeNode& n : j.tree->nodes) {
+        if (why.empty()) why = switch_cut(n.sw);
+        if (!why.empty() || n.parent < 0) continue;
+        const std::uint32_t p = j.tree->nodes[std::size_t(n.parent)].sw;
+        const auto& up = nt.switches[std::size_t(sw_new[n.sw])].up;
+        if (std::find(up.begin(), up.end(), std::uint32_t(sw_new[p])) == up.end())
+          why = "link " + old.switches[n.sw].name + "-" + old.switches[p].name + " is removed";
+      }
+    if (!why.empty())
+      cuts.push_back("job '" + name + "' (" + std::string(ctl::name(j.state)) + "): " + why);
+  }
+  if (!cuts.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < cuts.size() && i < 5; ++i) list += (i ? "; " : "") + cuts[i];
+    if (cuts.size() > 5) list += "; and " + std::to_string(cuts.size() - 5) + " more";
+    return failed_precondition(
+        "The new topology removes or changes what " + std::to_string(cuts.size()) +
+        (cuts.size() == 1 ? " live job uses: " : " live jobs use: ") + list +
+        ". The topology was not changed: drain the switches concerned (treeduce drain-switch), "
+        "let those jobs leave, then set the topology again.");
+  }
+  Allocator alloc = alloc_;
+  if (Status s = alloc.rebase(nt, sw_old, !opt_.require_registration); !s.ok())
+    return failed_precondition(s.message() + " The topology was not changed.");
+
+  // Nothing can fail from here on.
+  TopologyChange ch;
+  for (std::uint32_t i = 0; i < nt.switches.size(); ++i) {
+    if (sw_old[i] < 0)
+      ch.switches_added.push_back(nt.switches[i].name);
+    else if (!same_switch(old, old.switches[std::size_t(sw_old[i])], nt, nt.switches[i]))
+      ch.switches_changed.push_back(nt.switches[i].name);
+  }
+  for (std::uint32_t i = 0; i < old.switches.size(); ++i)
+    if (sw_new[i] < 0) {
+      ch.switches_removed.push_back(old.switches[i].name);
+      gone_sw_.push_back(old.switches[i].name);
+    }
+  for (std::uint32_t h = 0; h < old.hosts.size(); ++h) {
+    if (host_new[h] < 0) {
+      ch.hosts_removed.push_back(old.hosts[h].name);
+      continue;
+    }
+    const Host& x = old.hosts[h];
+    const Host& y = nt.hosts[std::size_t(host_new[h])];
+    if (!(x.data == y.data) || x.port != y.port ||
+        old.switches[x.leaf].name != nt.switches[y.leaf].name)
+      ch.hosts_changed.push_back(x.name);
+  }
+  for (const Host& y : nt.hosts)
+    if (old.find_host(y.name) < 0) ch.hosts_added.push_back(y.name);
+  const auto old_links = links_of(old), new_links = links_of(nt);
+  std::set_difference(new_links.begin(), new_links.end(), old_links.begin(), old_links.end(),
+                      std::back_inserter(ch.links_added));
+  std::set_difference(old_links.begin(), old_links.end(), new_links.begin(), new_links.end(),
+                      std::back_inserter(ch.links_removed));
+
+  for (const std::string& name : forget) {
+    std::cerr << "treeduce-manager: job '" << name << "' (" << ctl::name(jobs_[name].state)
+              << ") forgotten: the new topology lacks a host of its ranks\n";
+    touch(name);
+    jobs_.erase(name);
+  }
+  for (auto& [name, j] : jobs_) {
+    for (auto& [rank, r] : j.ranks)
+      r.host = std::uint32_t(std::max<std::int64_t>(0, host_new[r.host]));
+    if (j.tree)
+      for (TreeNode& n : j.tree->nodes) n.sw = std::uint32_t(sw_new[n.sw]);
+  }
+  std::vector<Sw> sw(nt.switches.size());
+  for (std::uint32_t i = 0; i < nt.switches.size(); ++i)
+    if (sw_old[i] >= 0) sw[i] = sw_[std::size_t(sw_old[i])];
+  sw_ = std::move(sw);
+  dirty_sw_.clear();  // indices of the old topology; flush() ran at the end of every call
+  topo_ = std::move(next);
+  alloc_ = std::move(alloc);
+  for (std::uint32_t i = 0; i < topo_->switches.size(); ++i)
+    if (sw_old[i] < 0) touch_switch(i);
+  topology_doc_ = applied_topology_doc(yaml, opt_.topology_file_hash);
+  std::cerr << "treeduce-manager: topology changed: " << topo_->switches.size() << " switches (+"
+            << ch.switches_added.size() << " -" << ch.switches_removed.size() << "), "
+            << topo_->hosts.size() << " hosts (+" << ch.hosts_added.size() << " -"
+            << ch.hosts_removed.size() << "), links +" << ch.links_added.size() << " -"
+            << ch.links_removed.size() << "\n";
+  flush();
+  cv_.notify_all();
+  return ch;
 }
 
 }  // namespace treeduce::ctl

@@ -13,7 +13,8 @@ class SqliteStore final : public Store {
  public:
   explicit SqliteStore(sqlite3* db) : db_(db) {}
   ~SqliteStore() override {
-    for (auto* s : {put_jobs_, put_sw_, del_jobs_, del_sw_}) sqlite3_finalize(s);
+    for (auto* s : {put_jobs_, put_sw_, put_topo_, del_jobs_, del_sw_, del_topo_})
+      sqlite3_finalize(s);
     sqlite3_close(db_);
   }
 
@@ -23,11 +24,15 @@ class SqliteStore final : public Store {
                         "INSERT OR IGNORE INTO meta VALUES('schema', '1');"
                         "CREATE TABLE IF NOT EXISTS jobs(key TEXT PRIMARY KEY, doc TEXT NOT NULL);"
                         "CREATE TABLE IF NOT EXISTS switches(key TEXT PRIMARY KEY, doc TEXT "
+                        "NOT NULL);"
+                        "CREATE TABLE IF NOT EXISTS topology(key TEXT PRIMARY KEY, doc TEXT "
                         "NOT NULL);");
         !s.ok())
       return s;
     for (auto [sql, out] : {std::pair{"INSERT OR REPLACE INTO jobs VALUES(?, ?)", &put_jobs_},
                             {"INSERT OR REPLACE INTO switches VALUES(?, ?)", &put_sw_},
+                            {"INSERT OR REPLACE INTO topology VALUES(?, ?)", &put_topo_},
+                            {"DELETE FROM topology WHERE key = ?", &del_topo_},
                             {"DELETE FROM jobs WHERE key = ?", &del_jobs_},
                             {"DELETE FROM switches WHERE key = ?", &del_sw_}})
       if (sqlite3_prepare_v2(db_, sql, -1, out, nullptr) != SQLITE_OK) return err("prepare");
@@ -35,7 +40,10 @@ class SqliteStore final : public Store {
   }
 
   Status put(std::string_view table, const std::string& key, const std::string& doc) override {
-    sqlite3_stmt* s = table == "jobs" ? put_jobs_ : table == "switches" ? put_sw_ : nullptr;
+    sqlite3_stmt* s = table == "jobs"       ? put_jobs_
+                      : table == "switches" ? put_sw_
+                      : table == "topology" ? put_topo_
+                                            : nullptr;
     if (!s) return invalid_argument("There is no table '" + std::string(table) + "'.");
     sqlite3_bind_text(s, 1, key.data(), int(key.size()), SQLITE_TRANSIENT);
     sqlite3_bind_text(s, 2, doc.data(), int(doc.size()), SQLITE_TRANSIENT);
@@ -43,14 +51,17 @@ class SqliteStore final : public Store {
   }
 
   Status erase(std::string_view table, const std::string& key) override {
-    sqlite3_stmt* s = table == "jobs" ? del_jobs_ : table == "switches" ? del_sw_ : nullptr;
+    sqlite3_stmt* s = table == "jobs"       ? del_jobs_
+                      : table == "switches" ? del_sw_
+                      : table == "topology" ? del_topo_
+                                            : nullptr;
     if (!s) return invalid_argument("There is no table '" + std::string(table) + "'.");
     sqlite3_bind_text(s, 1, key.data(), int(key.size()), SQLITE_TRANSIENT);
     return step(s);
   }
 
   Result<std::vector<std::pair<std::string, std::string>>> load(std::string_view table) override {
-    if (table != "jobs" && table != "switches")
+    if (table != "jobs" && table != "switches" && table != "topology")
       return invalid_argument("There is no table '" + std::string(table) + "'.");
     const std::string sql = "SELECT key, doc FROM " + std::string(table) + " ORDER BY key";
     sqlite3_stmt* s = nullptr;
@@ -90,7 +101,8 @@ class SqliteStore final : public Store {
   }
 
   sqlite3* db_;
-  sqlite3_stmt *put_jobs_ = nullptr, *put_sw_ = nullptr, *del_jobs_ = nullptr, *del_sw_ = nullptr;
+  sqlite3_stmt *put_jobs_ = nullptr, *put_sw_ = nullptr, *put_topo_ = nullptr, *del_jobs_ = nullptr,
+               *del_sw_ = nullptr, *del_topo_ = nullptr;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // YAML topology loader. yaml-cpp marks give every node's line, so each error names one.
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -254,7 +255,44 @@ Topology parse(const YAML::Node& root) {
 
 }  // namespace
 
+std::size_t utf8_valid_prefix(std::string_view s) noexcept {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range (no overlongs, surrogates)
+    if (b >= 0xc2 && b <= 0xdf) {
+      n = 1;
+    } else if (b >= 0xe0 && b <= 0xef) {
+      n = 2;
+      if (b == 0xe0) lo = 0xa0;
+      if (b == 0xed) hi = 0x9f;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+      n = 3;
+      if (b == 0xf0) lo = 0x90;
+      if (b == 0xf4) hi = 0x8f;
+    } else {
+      return i;
+    }
+    if (i + n >= s.size()) return i;  // cut short
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xbf)) return i;
+    }
+    i += n + 1;
+  }
+  return s.size();
+}
+
 Result<Topology> load_topology_yaml(std::string_view text) {
+  // Its names end up in the store's JSON documents, which must be UTF-8; and YAML is.
+  if (const std::size_t at = utf8_valid_prefix(text); at != text.size())
+    return invalid_argument(
+        "line " + std::to_string(1 + std::count(text.begin(), text.begin() + long(at), '\n')) +
+        ": byte " + std::to_string(at) + " is not UTF-8; a topology is UTF-8 text.");
   Topology t;
   try {
     YAML::Node root = YAML::Load(std::string(text));
@@ -269,12 +307,18 @@ Result<Topology> load_topology_yaml(std::string_view text) {
   return t;
 }
 
-Result<Topology> load_topology_file(const std::string& path) {
+Result<std::string> read_topology_text(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found("Cannot open the topology file '" + path + "'.");
   std::stringstream ss;
   ss << in.rdbuf();
-  auto r = load_topology_yaml(ss.str());
+  return ss.str();
+}
+
+Result<Topology> load_topology_file(const std::string& path) {
+  auto text = read_topology_text(path);
+  if (!text.ok()) return text.status();
+  auto r = load_topology_yaml(*text);
   if (!r.ok()) return Status(r.status().code(), path + ": " + r.status().message());
   return r;
 }

@@ -25,6 +25,16 @@ namespace {
 using treeduce::test_support::eventually;
 std::string doc_yaml() { return treeduce::test_support::doc_yaml("manager.md"); }
 
+// docs/manager.md's fabric with one more leaf, leaf9 (host h9), under spine0.
+std::string doc_yaml_plus_leaf9() {
+  std::string y = doc_yaml();
+  y.insert(y.find("\n", y.find("switches:")) + 1,
+           "  - {name: leaf9, level: 0, data: \"10.0.0.9:4791\"}\n");
+  y.insert(y.find("\n", y.find("hosts:")) + 1,
+           "  - {name: h9, address: 10.1.0.9, switch: leaf9}\n");
+  return y + "\n  - {a: leaf9, b: spine0}\n";
+}
+
 pb::JoinRequest join_req(const std::string& job, std::uint32_t rank, std::uint32_t world,
                          const std::string& host, std::uint32_t wait_ms = 5000) {
   pb::JoinRequest r;
@@ -343,6 +353,33 @@ TEST_F(Grpc, CliPrintsTablesAndJson) {
   sw = nlohmann::json::parse(cli(m + "--json switches").second);
   EXPECT_EQ(sw[0]["state"], "up");
   EXPECT_EQ(cli(m + "drain-switch nosuch").first, 1);
+  // Changing the topology: what changed, a refusal that names the job, a bad file.
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("treeduce-cli-topo-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/plus.yaml") << doc_yaml_plus_leaf9();
+  auto [rc10, changed] = cli(m + "set-topology " + dir + "/plus.yaml");
+  EXPECT_EQ(rc10, 0) << changed;
+  EXPECT_EQ(changed,
+            "topology changed:\n  switches added (1): leaf9\n  hosts added (1): h9\n"
+            "  links added (1): leaf9-spine0\n");
+  EXPECT_EQ(cli(m + "set-topology " + dir + "/plus.yaml").second,
+            "topology unchanged: " + dir + "/plus.yaml describes the topology the manager has\n");
+  std::ofstream(dir + "/cut.yaml")
+      << doc_yaml().substr(0, doc_yaml().find("  - {name: spine0")) +
+             doc_yaml().substr(doc_yaml().find("hosts:"),
+                               doc_yaml().find("links:") - doc_yaml().find("hosts:"));
+  auto [rc11, cut] = cli(m + "set-topology " + dir + "/cut.yaml");
+  EXPECT_EQ(rc11, 1);
+  EXPECT_NE(cut.find("job 'train' (running): switch spine"), std::string::npos) << cut;
+  EXPECT_NE(cut.find("drain"), std::string::npos) << cut;
+  std::ofstream(dir + "/bad.yaml") << "switches: [\n";
+  auto [rc12, bad] = cli(m + "set-topology " + dir + "/bad.yaml");
+  EXPECT_EQ(rc12, 1);
+  EXPECT_EQ(bad.rfind("treeduce: " + dir + "/bad.yaml: line ", 0), 0u) << bad;
+  EXPECT_EQ(cli(m + "set-topology " + dir + "/nosuch.yaml").first, 2);
+  std::filesystem::remove_all(dir);
   auto [rc5, down] = cli("--manager 127.0.0.1:1 jobs");
   EXPECT_NE(rc5, 0);
   EXPECT_NE(down.find("cannot reach the manager"), std::string::npos) << down;
@@ -1048,5 +1085,76 @@ TEST(ManagerProcess, RefusesToStartWithoutCertificatesOrInsecure) {
             "treeduce-manager: no TLS certificates: give --tls-ca, --tls-cert and --tls-key "
             "(docs/deploy.md, \"TLS\"), or --insecure to run without authentication in a lab or "
             "test.\n");
+  std::filesystem::remove_all(dir);
+}
+
+// Only the admin identity changes the topology; bad text says the loader's sentence.
+TEST_F(TlsManager, OnlyTheAdminChangesTheTopology) {
+  const auto set_topology = [&](const std::string& who, const std::string& yaml) {
+    grpc::ClientContext ctx;
+    pb::SetTopologyRequest r;
+    r.set_yaml(yaml);
+    pb::SetTopologyReply rep;
+    return pb::Admin::NewStub(channel(who))->SetTopology(&ctx, r, &rep);
+  };
+  for (const char* who : {"job", "leaf0"}) {
+    const grpc::Status s = set_topology(who, doc_yaml_plus_leaf9());
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(s.error_message(),
+              "Changing the topology needs the admin identity (the caller's "
+              "certificate names '" +
+                  std::string(who) + "', not the admin identity 'treeduce-admin').");
+  }
+  EXPECT_EQ(reg->topology()->switches.size(), 4u);
+  const grpc::Status bad = set_topology("treeduce-admin", "switches: [\n");
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(bad.error_message().rfind("line ", 0), 0u) << bad.error_message();
+  ASSERT_TRUE(set_topology("treeduce-admin", doc_yaml_plus_leaf9()).ok());
+  EXPECT_GE(reg->topology()->find_switch("leaf9"), 0);
+}
+
+// With --db, a topology applied at run time survives a restart with the same --topology file;
+// an edited file stops the start with one sentence until --topology-source says which wins.
+TEST(ManagerProcess, AppliedTopologySurvivesARestart) {
+  const std::string dir = temp_dir("settopo");
+  const std::string yaml = dir + "/fabric.yaml", db = dir + "/state.db";
+  std::ofstream(yaml) << doc_yaml();
+  std::ofstream(dir + "/plus.yaml") << doc_yaml_plus_leaf9();
+  const auto switch_names = [](const std::string& addr) {
+    std::set<std::string> out;
+    for (const auto& s :
+         nlohmann::json::parse(cli("--manager " + addr + " --json switches").second))
+      out.insert(s["switch"].get<std::string>());
+    return out;
+  };
+  {
+    Daemon d(yaml, dir, "127.0.0.1:0", db);
+    ASSERT_GT(d.port, 0);
+    auto [rc, out] = cli("--manager " + d.addr() + " set-topology " + dir + "/plus.yaml");
+    ASSERT_EQ(rc, 0) << out;
+  }
+  {
+    Daemon d(yaml, dir, "127.0.0.1:0", db);  // killed above: what was applied is on disk
+    ASSERT_GT(d.port, 0);
+    EXPECT_EQ(switch_names(d.addr()).count("leaf9"), 1u);
+  }
+  std::ofstream(yaml, std::ios::app) << "# edited\n";
+  const auto start = [&](const std::string& extra) {
+    FILE* p = popen((std::string(TREEDUCE_MANAGER_BIN) + " --insecure --topology " + yaml +
+                     " --db " + db + " --listen 127.0.0.1:0 " + extra + " 2>&1")
+                        .c_str(),
+                    "r");
+    std::string out;
+    char buf[4096];
+    while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int st = pclose(p);
+    return std::pair{WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  };
+  auto [rc, out] = start("");
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("was edited after a topology was applied at run time"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("--topology-source db"), std::string::npos) << out;
+  EXPECT_NE(start("--topology-source nonsense").first, 0);
   std::filesystem::remove_all(dir);
 }

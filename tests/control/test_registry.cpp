@@ -12,6 +12,7 @@
 
 #include "../support/test_support.h"
 #include "treeduce/control/registry.h"
+#include "treeduce/control/topology_source.h"
 
 using namespace treeduce;
 using namespace treeduce::ctl;
@@ -658,6 +659,248 @@ TEST_F(Fixture, DrainSurvivesRestartAndRegistration) {
     ASSERT_TRUE(reg->leave("k", 0).ok());
     EXPECT_TRUE(reg->switches().at(leaf0).drained);
   }
+  reg.reset();
+  st.value().reset();
+  std::filesystem::remove(path);
+}
+
+// ---- changing the topology at run time (JobRegistry::set_topology) ---------------------------
+
+namespace {
+
+// A leaf-spine fabric in YAML: leaf N at 10.0.0.N+1 with hosts hN-0, hN-1 (10.1.N.1, .2), spine N
+// at 10.0.1.N+1, every leaf linked to every spine except the links "leafN-spineM" in `cut`.
+// Switches are listed in the order given, so that indices differ between two fabrics.
+std::string fabric(const std::vector<std::string>& switches, const std::set<std::string>& cut = {},
+                   const std::string& spine_profile = "quantum2") {
+  std::string sw = "switches:\n", hosts = "hosts:\n", links = "links:\n";
+  for (const std::string& s : switches) {
+    const bool leaf = s.rfind("leaf", 0) == 0;
+    const std::string n = s.substr(leaf ? 4 : 5);
+    sw += "  - {name: " + s + ", level: " + (leaf ? "0" : "1") + ", data: \"10.0." +
+          (leaf ? "0." : "1.") + std::to_string(std::stoi(n) + 1) +
+          ":4791\", profile: " + (leaf ? std::string("quantum2") : spine_profile) + "}\n";
+    if (!leaf) continue;
+    for (int k = 0; k < 2; ++k)
+      hosts += "  - {name: h" + n + "-" + std::to_string(k) + ", address: 10.1." + n + "." +
+               std::to_string(k + 1) + ", switch: " + s + "}\n";
+    for (const std::string& t : switches)
+      if (t.rfind("spine", 0) == 0 && !cut.count(s + "-" + t))
+        links += "  - {a: " + s + ", b: " + t + "}\n";
+  }
+  return sw + hosts + links;
+}
+
+std::string tree_root(JobRegistry& reg, const std::string& job) {
+  for (const JobView& v : reg.jobs())
+    if (v.job == job && !v.tree_switches.empty()) return v.tree_switches.front();
+  return "";
+}
+
+}  // namespace
+
+// A new leaf (listed first, so every index shifts) takes a job at once; the running job keeps its
+// tree untouched and leaving after the change removes it from the right switches.
+TEST_F(Fixture, TopologyChangeAddsALeafAndIndicesShift) {
+  topo = *load_topology_yaml(fabric({"leaf0", "leaf1", "spine0"}));
+  make(false);
+  auto res = join_all("j", {"h0-0", "h1-0"});
+  ASSERT_TRUE(res[0].ok()) << res[0].status().to_string();
+  const int installs = client.installs, removes = client.removes;
+  const auto before = reg->topology();
+
+  auto ch = reg->set_topology(fabric({"leaf2", "spine0", "leaf1", "leaf0"}));
+  ASSERT_TRUE(ch.ok()) << ch.status().to_string();
+  EXPECT_EQ(ch->switches_added, std::vector<std::string>{"leaf2"});
+  EXPECT_TRUE(ch->switches_removed.empty());
+  EXPECT_TRUE(ch->switches_changed.empty());
+  EXPECT_EQ(ch->hosts_added, (std::vector<std::string>{"h2-0", "h2-1"}));
+  EXPECT_EQ(ch->links_added, std::vector<std::string>{"leaf2-spine0"});
+  EXPECT_TRUE(ch->links_removed.empty());
+  EXPECT_EQ(client.installs, installs);
+  EXPECT_EQ(client.removes, removes);
+  EXPECT_EQ(before->switches.size(), 3u) << "a snapshot taken before stays as it was";
+  EXPECT_EQ(reg->topology()->switches.size(), 4u);
+
+  auto hb = reg->heartbeat("j", 1);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->state, JobState::running);
+  EXPECT_EQ(tree_root(*reg, "j"), "spine0");
+  auto again = reg->join(args("j", 1, 2, "h1-0", 5001), 100);  // a retried join: same place
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->leaf_switch, "leaf1");
+  EXPECT_EQ(again->tree_id, res[1]->tree_id);
+
+  auto k = join_all("k", {"h2-0", "h0-1"});
+  ASSERT_TRUE(k[0].ok()) << k[0].status().to_string();
+  EXPECT_EQ(k[0]->leaf_switch, "leaf2");
+  EXPECT_EQ(client.trees["leaf2"].size(), 1u);
+  for (const SwitchView& v : reg->switches()) {
+    if (v.name == "spine0") {
+      EXPECT_EQ(v.used.trees, 2u);
+    }
+  }
+
+  for (std::uint32_t r = 0; r < 2; ++r) ASSERT_TRUE(reg->leave("j", r).ok());
+  EXPECT_TRUE(client.trees["leaf0"].size() == 1 && client.trees["leaf1"].empty())
+      << "the old job's tree left the switches it was on";
+  for (std::uint32_t r = 0; r < 2; ++r) ASSERT_TRUE(reg->leave("k", r).ok());
+  EXPECT_EQ(client.total(), 0u);
+  for (const SwitchView& v : reg->switches()) EXPECT_EQ(v.used, Usage{}) << v.name;
+}
+
+// An unused spine goes; a used switch, link or host is refused naming the job and the element,
+// and nothing changes.
+TEST_F(Fixture, TopologyChangeRefusesToCutALiveJob) {
+  topo = *load_topology_yaml(fabric({"leaf0", "leaf1", "spine0", "spine1"}));
+  make(false);
+  ASSERT_TRUE(join_all("j", {"h0-0", "h1-0"})[0].ok());
+  EXPECT_EQ(reg->join(args("g", 0, 2, "h1-1"), 1).status().code(), Code::deadline_exceeded);
+  const std::string used = tree_root(*reg, "j");
+  const std::string unused = used == "spine0" ? "spine1" : "spine0";
+  const auto snap = reg->topology();
+
+  auto refused = [&](const std::string& yaml, const std::string& what) {
+    auto r = reg->set_topology(yaml);
+    EXPECT_EQ(r.status().code(), Code::failed_precondition) << r.status().to_string();
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("drain"), std::string::npos) << r.status().message();
+    EXPECT_EQ(reg->topology(), snap) << "nothing changes on a refusal";
+  };
+  refused(fabric({"leaf0", "leaf1", unused}), "job 'j' (running): switch " + used + " is removed");
+  refused(fabric({"leaf0", "leaf1", "spine0", "spine1"}, {"leaf1-" + used}),
+          "job 'j' (running): link leaf1-" + used + " is removed");
+  std::string no_host = fabric({"leaf0", "leaf1", "spine0", "spine1"});
+  no_host.erase(no_host.find("  - {name: h1-1"),
+                no_host.find("links:") - no_host.find("  - {name: h1-1"));
+  refused(no_host, "job 'g' (gathering): host h1-1 is removed");
+  // A switch that moves keeps its name but not its address: the tree's children would send to
+  // the old one.
+  std::string moved = fabric({"leaf0", "leaf1", "spine0", "spine1"});
+  moved.replace(moved.find("10.0.0.1:4791"), 13, "10.0.9.1:4791");
+  refused(moved, "switch leaf0 gets another data address");
+  EXPECT_EQ(reg->jobs().size(), 2u);
+
+  auto ok = reg->set_topology(fabric({"leaf0", "leaf1", used}));
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->switches_removed, std::vector<std::string>{unused});
+  EXPECT_EQ(ok->links_removed, (std::vector<std::string>{"leaf0-" + unused, "leaf1-" + unused}));
+  EXPECT_EQ(reg->switches().size(), 3u);
+  EXPECT_EQ(reg->heartbeat("j", 0)->state, JobState::running);
+  EXPECT_EQ(reg->switch_heartbeat(unused).code(), Code::not_found);
+}
+
+// Bad text changes nothing and says what the loader says.
+TEST_F(Fixture, TopologyChangeWithBadYamlChangesNothing) {
+  ASSERT_TRUE(join_all("j", {"h0-0", "h1-0"})[0].ok());
+  const auto snap = reg->topology();
+  for (const std::string& bad :
+       {std::string("switches: [\n  {name: leaf0"), std::string(""),
+        fabric({"leaf0", "spine0"}) + "  - {name: hx, address: 10.9.9.9, switch: nosuch}\n",
+        std::string("\xff\xfe garbage: [")}) {
+    auto r = reg->set_topology(bad);
+    EXPECT_EQ(r.status().code(), Code::invalid_argument) << bad;
+    EXPECT_NE(r.status().message().find("The topology was not changed."), std::string::npos);
+    EXPECT_EQ(reg->topology(), snap);
+  }
+  auto r = reg->set_topology("switches: [\n  {name: leaf0");
+  EXPECT_EQ(r.status().message().rfind("line ", 0), 0u) << r.status().message();
+  EXPECT_EQ(reg->heartbeat("j", 0)->state, JobState::running);
+}
+
+// Kept switches keep registration, drain, limits; a registered switch that is gone is forgotten
+// and a new one registers as usual.
+TEST_F(Fixture, TopologyChangeKeepsSwitchState) {
+  topo = *load_topology_yaml(fabric({"leaf0", "leaf1", "spine0", "spine1"}));
+  make(true);
+  ResourceProfile small = *find_builtin_profile("quantum2");
+  small.max_trees = 3;
+  for (const char* s : {"leaf0", "leaf1", "spine0", "spine1"})
+    ASSERT_TRUE(
+        reg->register_switch(s, "127.0.0.1:1",
+                             std::string(s) == "leaf0" ? std::optional(small) : std::nullopt)
+            .ok());
+  ASSERT_TRUE(reg->drain_switch("leaf1", true, "rack move").ok());
+  ASSERT_TRUE(reg->fail_switch("spine0", "test").ok());
+  auto ch = reg->set_topology(fabric({"spine0", "leaf2", "leaf1", "leaf0"}));
+  ASSERT_TRUE(ch.ok()) << ch.status().to_string();
+  std::map<std::string, SwitchView> by;
+  for (const SwitchView& v : reg->switches()) by[v.name] = v;
+  ASSERT_EQ(by.size(), 4u);
+  EXPECT_TRUE(by["leaf1"].drained);
+  EXPECT_EQ(by["leaf1"].drain_reason, "rack move");
+  EXPECT_TRUE(by["leaf0"].registered && by["leaf0"].up);
+  EXPECT_EQ(by["leaf0"].profile.max_trees, 3u) << "registered limits are kept";
+  EXPECT_FALSE(by["spine0"].up) << "a failed switch stays failed";
+  EXPECT_FALSE(by["leaf2"].registered || by["leaf2"].up);
+  EXPECT_EQ(reg->register_switch("spine1", "127.0.0.1:1", {}).status().code(), Code::not_found);
+  ASSERT_TRUE(reg->register_switch("leaf2", "127.0.0.1:1", {}).ok());
+  ASSERT_TRUE(reg->register_switch("spine0", "127.0.0.1:1", {}).ok());
+  auto j = join_all("j", {"h2-0", "h0-0"});
+  ASSERT_TRUE(j[0].ok()) << j[0].status().to_string();
+  // A profile the new file changes replaces the old limits, unless the trees would not fit.
+  ch = reg->set_topology(fabric({"spine0", "leaf2", "leaf1", "leaf0"}, {}, "tofino"));
+  EXPECT_EQ(ch.status().code(), Code::failed_precondition) << "tofino reduces no f32 sum";
+  ASSERT_TRUE(reg->leave("j", 0).ok() && reg->leave("j", 1).ok());
+}
+
+// With a store, an applied topology survives a restart; the start-up rule (topology_source.h)
+// tells an unchanged --topology file from an edited one.
+TEST_F(Fixture, AppliedTopologySurvivesARestartByTheStartupRule) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("treeduce-topo-" + std::to_string(getpid()) + ".db");
+  std::filesystem::remove(path);
+  auto st = open_sqlite_store(path.string());
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  store = st->get();
+  const std::string file = fabric({"leaf0", "leaf1", "spine0"});
+  auto start = [&](const std::string& text, TopologySource src = TopologySource::automatic) {
+    auto s = startup_topology("fabric.yaml", text, store, src);
+    if (s.ok()) {
+      topo = s->topo;
+      RegistryOptions o;
+      o.store = store;
+      o.require_registration = false;
+      o.clock = [this] { return clock.load(); };
+      o.topology_file_hash = s->file_hash;
+      reg.reset();
+      reg = std::make_unique<JobRegistry>(topo, client, o);
+      EXPECT_TRUE(reg->restore().ok());
+    }
+    return s;
+  };
+  ASSERT_TRUE(start(file).ok());
+  EXPECT_EQ(start(file)->note, "") << "no applied topology: simply the file";
+  ASSERT_TRUE(reg->set_topology(fabric({"leaf0", "leaf1", "leaf2", "spine0"})).ok());
+  ASSERT_TRUE(join_all("j", {"h2-0", "h0-0"})[0].ok());
+
+  auto s = start(file);  // the file is unchanged: the applied topology wins
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_NE(s->note.find("unchanged"), std::string::npos) << s->note;
+  EXPECT_GE(s->topo.find_switch("leaf2"), 0);
+  EXPECT_EQ(reg->heartbeat("j", 0)->state, JobState::running) << "its job came back";
+
+  const std::string edited = fabric({"leaf0", "leaf1", "leaf3", "spine0"});
+  s = start(edited);
+  EXPECT_EQ(s.status().code(), Code::failed_precondition);
+  EXPECT_NE(s.status().message().find("--topology-source db"), std::string::npos);
+  EXPECT_NE(s.status().message().find("--topology-source file"), std::string::npos);
+  s = start(edited, TopologySource::db);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_GE(s->topo.find_switch("leaf2"), 0);
+  s = start(edited);  // chosen once: the same file starts quietly on the applied topology
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_GE(s->topo.find_switch("leaf2"), 0);
+  s = start(edited, TopologySource::file);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_GE(s->topo.find_switch("leaf3"), 0);
+  EXPECT_LT(s->topo.find_switch("leaf2"), 0);
+  ASSERT_EQ(reg->jobs().size(), 1u);
+  EXPECT_EQ(reg->jobs()[0].state, JobState::failed) << "its leaf is gone: said so";
+  s = start(file);  // the applied topology was dropped: the file rules again
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->note, "");
+  EXPECT_LT(s->topo.find_switch("leaf2"), 0);
   reg.reset();
   st.value().reset();
   std::filesystem::remove(path);

@@ -94,6 +94,11 @@ TEST(Topology, ErrorsNameTheLine) {
   expect_error("profiles:\n  - {name: p, base: q}\nswitches: []\n", 2, "unknown profile 'q'");
   expect_error("profiles:\n  - {name: p, max_payload_bytes: 300}\nswitches: []\n", 2,
                "power of two");
+  // Names go into the store's JSON documents: the text must be UTF-8 (found by fuzz-registry, a
+  // comment of Latin-1 through set_topology), and valid UTF-8 passes.
+  expect_error(h + "# caf\xe9\n", 4, "byte " + std::to_string(h.size() + 5) + " is not UTF-8");
+  expect_error(h + "  - {name: \"\xed\xa0\x80\", level: 0}\n", 4, "is not UTF-8");  // surrogate
+  EXPECT_TRUE(load_topology_yaml(h + "# café ✓ \xf0\x9f\x94\x8c\n").ok());
 }
 
 // A profile may say which types and operations its model reduces, by name; a pair is offloaded

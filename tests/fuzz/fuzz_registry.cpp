@@ -1,7 +1,8 @@
 // libFuzzer target over the manager's request handling below the gRPC edge (JobRegistry: what
 // JobService and SwitchRegistry call): any sequence of joins, heartbeats, leaves, aborts, switch
-// registrations, heartbeats, failures and drains, clock steps with lease sweeps, and switch agents
-// that fail installs, with hostile names and sizes. Never a crash, a hang or an exception; every
+// registrations, heartbeats, failures and drains, topology changes (a few fixed fabrics and
+// hostile text), clock steps with lease sweeps, and switch agents that fail installs, with hostile
+// names and sizes. Never a crash, a hang or an exception; every
 // refusal is a sentence; and once every rank has left and every lease and hold has run out, no
 // job, tree, slot or byte is left on any switch, and once each switch has registered again with
 // what it holds (reconciliation), no switch holds a tree (docs/manager.md). Input: byte 0 picks the
@@ -55,6 +56,54 @@ const Topology& topology() {
   return t;
 }
 
+/// `t` in the YAML of docs/manager.md, switches in reverse order when `reverse` (every index
+/// shifts), without switch `drop` (and its hosts) and the link `cut` ("lower-upper"), with
+/// switch `profile_of` on profile `profile`, plus an extra leaf "leafX" under the first spine.
+std::string to_yaml(const Topology& t, bool reverse, const std::string& drop,
+                    const std::string& cut, bool extra, const std::string& profile_of = "",
+                    const std::string& profile = "") {
+  std::string sw = "switches:\n", hosts = "hosts:\n", links = "links:\n";
+  for (std::size_t k = 0; k < t.switches.size(); ++k) {
+    const Switch& s = t.switches[reverse ? t.switches.size() - 1 - k : k];
+    if (s.name == drop) continue;
+    sw += "  - {name: " + s.name + ", level: " + std::to_string(s.level) + ", data: \"" +
+          to_string(s.data) +
+          "\", profile: " + (s.name == profile_of ? profile : t.profiles[s.profile].name) + "}\n";
+    for (std::uint32_t u : s.up)
+      if (t.switches[u].name != drop && s.name + "-" + t.switches[u].name != cut)
+        links += "  - {a: " + s.name + ", b: " + t.switches[u].name + "}\n";
+  }
+  for (const Host& h : t.hosts)
+    if (t.switches[h.leaf].name != drop)
+      hosts += "  - {name: " + h.name + ", address: " + to_string(Address{h.data.ip, 0}) +
+               ", switch: " + t.switches[h.leaf].name + "}\n";
+  if (extra) {
+    sw += "  - {name: leafX, level: 0, data: \"10.9.9.9:4791\", profile: server}\n";
+    hosts += "  - {name: hX, address: 10.9.9.10, switch: leafX}\n";
+    links += "  - {a: leafX, b: " + t.switches[t.at_level(1).front()].name + "}\n";
+  }
+  return sw + hosts + links;
+}
+
+/// The fabrics set_topology() chooses from: [0] is topology() itself.
+const std::vector<std::string>& fabrics() {
+  static const std::vector<std::string> f = [] {
+    const Topology& t = topology();
+    const std::string leaf = t.switches[t.at_level(0).back()].name;
+    const std::string spine = t.switches[t.at_level(1).back()].name;
+    const std::string link =
+        t.switches[t.at_level(0).front()].name + "-" + t.switches[t.at_level(1).front()].name;
+    return std::vector<std::string>{to_yaml(t, false, "", "", false),
+                                    to_yaml(t, true, "", "", false),
+                                    to_yaml(t, false, "", "", true),
+                                    to_yaml(t, true, spine, "", true),
+                                    to_yaml(t, false, leaf, "", false),
+                                    to_yaml(t, false, "", link, false),
+                                    to_yaml(t, true, "", "", false, spine, "tofino")};
+  }();
+  return f;
+}
+
 std::string pick_name(FuzzedDataProvider& in, const char* const* known, std::size_t n) {
   if (in.ConsumeBool()) return known[in.ConsumeIntegralInRange<std::size_t>(0, n - 1)];
   return in.ConsumeRandomLengthString(24);
@@ -81,6 +130,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::string> switch_names, host_names;
   for (const auto& s : topo.switches) switch_names.push_back(s.name);
   for (const auto& h : topo.hosts) host_names.push_back(h.name);
+  switch_names.push_back("leafX");  // of the fabrics set_topology() may apply
+  host_names.push_back("hX");
   std::vector<const char*> sws, hosts;
   for (const auto& s : switch_names) sws.push_back(s.c_str());
   for (const auto& h : host_names) hosts.push_back(h.c_str());
@@ -173,9 +224,33 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         sw.failing = !sw.failing;
         break;
       case 9: {
-        // An admin drains or undrains a switch: its trees stay, new ones avoid it.
-        const std::string name = pick_name(in, sws.data(), sws.size());
-        check_refusal(reg.drain_switch(name, in.ConsumeBool(), in.ConsumeRandomLengthString(40)));
+        if (in.ConsumeBool()) {
+          // An admin drains or undrains a switch: its trees stay, new ones avoid it.
+          const std::string name = pick_name(in, sws.data(), sws.size());
+          check_refusal(reg.drain_switch(name, in.ConsumeBool(), in.ConsumeRandomLengthString(40)));
+          break;
+        }
+        // An admin changes the topology: one of the fixed fabrics, perhaps cut short or with
+        // a byte changed, or text of the fuzzer's own. A refusal changes nothing.
+        const auto before = reg.topology();
+        std::string text =
+            in.ConsumeBool()
+                ? in.ConsumeRandomLengthString(256)
+                : fabrics()[in.ConsumeIntegralInRange<std::size_t>(0, fabrics().size() - 1)];
+        if (!text.empty() && in.ConsumeBool()) {
+          const auto at = in.ConsumeIntegralInRange<std::size_t>(0, text.size() - 1);
+          if (in.ConsumeBool())
+            text.resize(at);
+          else
+            text[at] = char(in.ConsumeIntegral<std::uint8_t>());
+        }
+        const auto r = reg.set_topology(text);
+        if (!r.ok()) {
+          check_refusal(r.status());
+          check(reg.topology() == before);
+        } else {
+          check(reg.switches().size() == reg.topology()->switches.size());
+        }
         break;
       }
     }
@@ -187,10 +262,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Everyone leaves; every lease and hold runs out: nothing may be left behind.
   sw.failing = false;
+  // Back to the first fabric (no job is left to refuse it): the switches a change dropped come
+  // back and register below, so the trees they still hold (a switch that failed keeps them) are
+  // removed too.
   for (const auto& [job, rank] : joined) (void)reg.leave(job, rank);
   now += 1'000'000;
   reg.sweep();
   check(reg.jobs().empty());
+  check(reg.set_topology(fabrics()[0]).ok());
   for (const SwitchView& v : reg.switches()) {
     check(v.used.trees == 0);
     check(v.used.slots == 0);
@@ -198,11 +277,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // Every switch registers again with what it holds: the manager removes every tree, and the
   // switches then agree with it that nothing is left.
-  for (const std::string& name : switch_names) {
+  for (const Switch& s : topo.switches) {
+    const std::string& name = s.name;
     std::vector<HeldTree> held;
     for (std::uint16_t id : sw.held[name]) held.push_back({id, "?", 0});
     if (!held.empty()) check(reg.register_switch(name, "127.0.0.1:1", std::nullopt, held).ok());
   }
-  for (const auto& [name, trees] : sw.held) check(trees.empty());
+  // leafX is in no fabric now: what it may hold is the forgotten switch's business.
+  for (const auto& [name, trees] : sw.held) check(name == "leafX" || trees.empty());
   return 0;
 }

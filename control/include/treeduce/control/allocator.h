@@ -124,7 +124,17 @@ class Allocator {
 
   const Usage& usage(std::uint32_t sw) const { return used_[sw]; }
   const std::map<std::string, Allocation>& allocations() const noexcept { return jobs_; }
-  const Topology& topology() const noexcept { return topo_; }
+  const Topology& topology() const noexcept { return *topo_; }
+
+  /// Moves onto another topology (JobRegistry::set_topology): `old_of[n]` is the index in the
+  /// current topology of switch n of `next`, or -1 for a switch new to it. Per-switch state
+  /// (usage, up, drain, limits) follows its switch by name; a new switch starts `new_up`,
+  /// undrained, with its profile. A kept switch keeps its limits (those it registered with)
+  /// unless `next` gives it another profile than the current topology did. Allocations are
+  /// renumbered; tree ids stay. failed_precondition, and nothing changes, when an allocation
+  /// uses a switch `next` lacks or no longer fits on a switch's new limits. `next` must outlive
+  /// the allocator.
+  Status rebase(const Topology& next, const std::vector<std::int64_t>& old_of, bool new_up);
 
  private:
   struct Plan;
@@ -136,7 +146,7 @@ class Allocator {
   void commit(const Allocation& a, int sign);
   Result<std::uint16_t> take_tree_id();
 
-  const Topology& topo_;
+  const Topology* topo_;  // a pointer, so that rebase() can move the allocator on
   AllocatorOptions opt_;
   std::vector<ResourceProfile> prof_;
   std::vector<Usage> used_;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -132,11 +133,17 @@ struct JobView {
   std::uint32_t world = 0;
   std::uint32_t joined = 0;
   std::optional<Allocation> tree;
+  /// The tree's switches by name, root first (tree->nodes[i].sw indexes the topology of the
+  /// moment: JobRegistry::set_topology may renumber).
+  std::vector<std::string> tree_switches;
 };
 
 /// Snapshot of a switch for queries.
 struct SwitchView {
-  std::uint32_t index = 0;
+  std::uint32_t index = 0;  ///< in the topology of the moment
+  std::string name;
+  std::uint32_t level = 0;
+  Address data;
   bool up = false;
   bool registered = false;
   std::string agent;
@@ -144,6 +151,15 @@ struct SwitchView {
   Usage used;
   bool drained = false;      ///< JobRegistry::drain_switch
   std::string drain_reason;  ///< "" when none was given
+};
+
+/// What JobRegistry::set_topology changed, by name. A link is "lower-upper" (switch names).
+/// A kept switch is changed when its level, addresses, ports or profile differ; a kept host
+/// when its data address, leaf or port does.
+struct TopologyChange {
+  std::vector<std::string> switches_added, switches_removed, switches_changed;
+  std::vector<std::string> hosts_added, hosts_removed, hosts_changed;
+  std::vector<std::string> links_added, links_removed;
 };
 
 /// Settings.
@@ -164,11 +180,16 @@ struct RegistryOptions {
   /// How long a job a rank aborted (JobRegistry::abort) is remembered: longer than a launcher's
   /// spread between its ranks' starts, short enough that a corrected job may reuse the name.
   std::uint64_t abort_hold_ms = 60000;
+  /// topology_hash() of the --topology file the manager started from, stored with a topology
+  /// that set_topology applies: the next start tells an edited file from an unchanged one
+  /// (startup_topology(), topology_source.h).
+  std::string topology_file_hash;
 };
 
 /// The job registry.
 class JobRegistry {
  public:
+  /// Copies `topo`: set_topology() may replace it later.
   JobRegistry(const Topology& topo, SwitchClient& client, RegistryOptions opt = {});
 
   /// Joins and waits up to `wait_ms` for the assignment (see JobService.Join in the .proto).
@@ -216,6 +237,18 @@ class JobRegistry {
   /// 200 bytes.
   Status drain_switch(const std::string& name, bool drain, const std::string& reason);
 
+  /// Replaces the topology at run time with the one `yaml` describes (the format of
+  /// load_topology_yaml). invalid_argument with the loader's sentence when it is not valid;
+  /// failed_precondition naming the jobs and elements when it would remove or change a switch,
+  /// host or link that a gathering or running job uses (drain first), or when a kept switch's
+  /// new profile is below what its trees use. Nothing changes on a refusal. Otherwise applied
+  /// at once: the jobs keep their trees; registered switches the new topology lacks are
+  /// forgotten; kept switches keep their registration, lease, drain, up/down state and limits
+  /// (a profile the new file changes replaces them); failed or refused jobs whose hosts are
+  /// gone are forgotten. Stored (with RegistryOptions::topology_file_hash) so that a restart
+  /// keeps it.
+  Result<TopologyChange> set_topology(const std::string& yaml);
+
   /// Loads jobs, trees and switches from the store after a restart. Trees are re-reserved
   /// (Allocator::adopt) but not re-installed: the switches still hold them and their traffic
   /// never stops. Every rank and registered switch gets a fresh lease to check in again.
@@ -230,7 +263,8 @@ class JobRegistry {
 
   std::vector<JobView> jobs() const;
   std::vector<SwitchView> switches() const;
-  const Topology& topology() const noexcept { return topo_; }
+  /// The topology of the moment; the snapshot stays valid after a set_topology().
+  std::shared_ptr<const Topology> topology() const;
   std::uint64_t lease_ms() const noexcept { return opt_.lease_ms; }
   std::uint64_t switch_lease_ms() const noexcept { return opt_.switch_lease_ms; }
 
@@ -289,7 +323,8 @@ class JobRegistry {
   std::string switch_doc(std::uint32_t sw) const;
   RankAssignment assignment(const Job& j, std::uint32_t rank) const;
 
-  const Topology& topo_;
+  /// Replaced whole by set_topology() (under mu_); indices in jobs, trees and sw_ refer to it.
+  std::shared_ptr<const Topology> topo_;
   SwitchClient& client_;
   RegistryOptions opt_;
   mutable std::mutex mu_;
@@ -301,6 +336,8 @@ class JobRegistry {
   bool closed_ = false;
   std::set<std::string> dirty_jobs_;
   std::set<std::uint32_t> dirty_sw_;
+  std::vector<std::string> gone_sw_;         ///< switches set_topology() dropped
+  std::optional<std::string> topology_doc_;  ///< an applied topology to store
 };
 
 }  // namespace treeduce::ctl

@@ -34,6 +34,7 @@ struct ResourceProfile {
   std::uint32_t dtype_mask = 0;         ///< bit d: can reduce treeduce::DType d
   std::uint32_t op_mask = 0;            ///< bit o: can apply treeduce::ReduceOp o
   bool deterministic = false;           ///< can run the bit-reproducible mode
+  bool operator==(const ResourceProfile&) const = default;
 };
 
 /// True when masks `dtype_mask` and `op_mask` let a switch reduce (d, op): both bits set and

@@ -1,7 +1,8 @@
 /// @file
-/// Durable state of the manager: documents (JSON text) by key in two tables, "jobs" and
-/// "switches". Behind a small interface so the registry does not know the backend (bmv2
-/// dev_mgr-style); the SQLite backend is the one the daemon uses (docs/manager.md says why).
+/// Durable state of the manager: documents (JSON text) by key in three tables, "jobs",
+/// "switches" and "topology" (a topology applied at run time, topology_source.h). Behind a small
+/// interface so the registry does not know the backend (bmv2 dev_mgr-style); the SQLite backend is
+/// the one the daemon uses (docs/manager.md says why).
 #pragma once
 
 #include <memory>
@@ -18,7 +19,7 @@ namespace treeduce::ctl {
 class Store {
  public:
   virtual ~Store() = default;
-  /// `table` is "jobs" or "switches".
+  /// `table` is "jobs", "switches" or "topology".
   virtual Status put(std::string_view table, const std::string& key, const std::string& doc) = 0;
   virtual Status erase(std::string_view table, const std::string& key) = 0;
   virtual Result<std::vector<std::pair<std::string, std::string>>> load(std::string_view table) = 0;

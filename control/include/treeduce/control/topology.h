@@ -94,10 +94,17 @@ class Topology {
   std::unordered_map<std::uint32_t, std::uint32_t> host_by_ip_;
 };
 
-/// Parses the YAML format of docs/manager.md. Errors name the line: "line 12: ...".
+/// Bytes of `s` that are valid UTF-8 (no overlong forms, surrogates or code points above
+/// U+10FFFF), counted from the start: s.size() when all are. Names and reasons go into JSON
+/// documents (nlohmann refuses to write invalid UTF-8), logs and proto3 strings.
+std::size_t utf8_valid_prefix(std::string_view s) noexcept;
+
+/// Parses the YAML format of docs/manager.md (UTF-8 text). Errors name the line: "line 12: ...".
 Result<Topology> load_topology_yaml(std::string_view text);
 /// Reads and parses a file; errors name the file and line.
 Result<Topology> load_topology_file(const std::string& path);
+/// A topology file's text; not_found "Cannot open the topology file 'P'." when unreadable.
+Result<std::string> read_topology_text(const std::string& path);
 
 /// k-ary fat-tree with 2 levels (leaf-spine): k leaves with k/2 hosts and k/2 up-links each, k/2
 /// spines. k²/2 hosts. k even, 2..128.
