@@ -14,7 +14,12 @@
 //   csum      the same in csum mode with a non-zero UDP checksum in the frames: memif has no
 //             checksum offload, so testpmd recomputes it in software over every payload byte;
 //   rxonly    testpmd receiving and dropping, against an open-loop generator: the generator's
-//             own maximum TX rate.
+//             own maximum TX rate;
+//   switch-base  with --switch-base PATH: another treeduce-switch binary (e.g. main's build) in
+//             the same rounds, for a before/after in one run;
+//   core      not a DUT: treeduce-bench-switch-core (--core-bench PATH, on by default) pinned to
+//             the DUT's CPU in the same rounds, for each switch row's payload and fan-in. A last
+//             table checks issue 16's target: switch ns/pkt busy <= 1.1 x (macswap's + core's).
 // The loop is closed, like real hosts: the generator plays the F children of the tree and sends
 // chunk c + S only after a RESULT of chunk c came back (any one of its F copies); for testpmd any
 // returned frame returns one credit. The payload of chunk c from child i is known, so the
@@ -49,12 +54,14 @@
 #include <rte_mbuf.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -100,9 +107,19 @@ struct Options {
   std::uint32_t inflight = 2048;  // frames in flight in the closed loop
   std::uint32_t sample = 4;       // check the RESULT of every n-th chunk
   double min_cpu = 0.95;          // a run counts when both processes had this share of a CPU
+  /// The generator's own threshold (default: min_cpu). A switch's busy ns/pkt comes from its own
+  /// poll counters and holds while the DUT has its CPU, even when a slowed generator feeds it
+  /// less: --min-gen-cpu 0 keeps such runs for a switch-vs-switch comparison.
+  double min_gen_cpu = -1;
   std::uint32_t max_rounds = 8;
   unsigned gen_cpu = 0, dut_cpu = 1;
   std::string switch_bin = TREEDUCE_SWITCH_BIN;
+  /// A second treeduce-switch (e.g. main's build) measured as DUT "switch-base" in the same
+  /// rounds: before/after in one run. Empty: none.
+  std::string switch_base_bin;
+  /// treeduce-bench-switch-core, run pinned to the DUT's CPU in the same rounds (DUT "core") for
+  /// every switch row's payload and fan-in: the core's ns/pkt without I/O. Empty: not run.
+  std::string core_bin = TREEDUCE_BENCH_SWITCH_CORE_BIN;
   std::string testpmd_bin = "dpdk-testpmd";
   bool json = false, keep = false;
 };
@@ -333,6 +350,9 @@ void wait_quiet(int max_s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(700));
   }
 }
+
+/// A treeduce-switch DUT: this build's, or the one of --switch-base.
+bool is_switch(const std::string& dut) { return dut == "switch" || dut == "switch-base"; }
 
 double median(std::vector<double> v) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
@@ -638,9 +658,52 @@ struct Bench {
     return false;
   }
 
+  /// DUT "core": treeduce-bench-switch-core for this row's payload and fan-in (f32 sum, not
+  /// deterministic), pinned to the DUT's CPU; its ns_per_pkt goes to dut_ns. Discarded like a
+  /// DUT run when the process had less than --min-cpu of its CPU.
+  void run_core(Row& r) {
+    const std::string log = dir + "/core.json";
+    const std::string filter =
+        "--benchmark_filter=^BM_SwitchCore/payload:" + std::to_string(r.payload) +
+        "/fanin:" + std::to_string(r.fanin) + "/det:0$";
+    const auto t0 = Clock::now();
+    Child c = spawn({"taskset", "-c", std::to_string(o.dut_cpu), o.core_bin, filter,
+                     "--benchmark_min_time=1", "--benchmark_format=json"},
+                    log, false);
+    if (c.pid <= 0) {
+      r.note = "cannot start taskset " + o.core_bin;
+      return;
+    }
+    rusage ru{};
+    int status = 0;
+    while (wait4(c.pid, &status, 0, &ru) < 0 && errno == EINTR) {
+    }
+    g_child = 0;
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                       static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+    const std::string out = read_file(log);
+    const std::size_t k = out.find("\"ns_per_pkt\": ");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || k == std::string::npos) {
+      r.note = "treeduce-bench-switch-core gave no ns_per_pkt: " + out.substr(0, 300);
+      return;
+    }
+    const double share = wall > 0 ? cpu / wall : 0;
+    if (share < o.min_cpu) {
+      ++r.disturbed;
+      last_disturbed = "-/" + fmt(100 * share, 0, "%");
+      return;
+    }
+    const double ns = std::strtod(out.c_str() + k + 14, nullptr);
+    r.dut_ns.push_back(ns);
+    r.rx_mpps.push_back(1e3 / ns);
+    r.dut_cpu.push_back(share);
+  }
+
   /// One run of one configuration: start the DUT, warm up, measure, drain, stop, cross-check.
   void run(Row& r) {
-    const bool sw = r.dut == "switch";
+    if (r.dut == "core") return run_core(r);
+    const bool sw = is_switch(r.dut);
     const int mode = sw ? 0 : r.dut == "rxonly" ? 2 : 1;
     const std::uint32_t fanin = sw ? r.fanin : 1;
     // The switch's window (= its slots) in chunks: a power of two.
@@ -656,7 +719,7 @@ struct Bench {
     int metrics_port = 0;
     if (sw) {
       const std::string yaml = write_switch_yaml(r.payload, fanin, window);
-      argv = {o.switch_bin, "-l", cpu};
+      argv = {r.dut == "switch-base" ? o.switch_base_bin : o.switch_bin, "-l", cpu};
       for (std::string& a : eal("sw", r.payload)) argv.push_back(a);
       argv.insert(argv.end(), {"--", "--config", yaml});
       std::remove((dir + "/switch.prom").c_str());
@@ -715,7 +778,7 @@ struct Bench {
     // measures the neighbours, not the DUT. It is discarded (and run again, see main).
     const double gen_share = (gen_cpu1 - gen_cpu0) / secs;
     const double dut_share = (dut_cpu1 - dut_cpu0) / secs;
-    const bool quiet = gen_share >= o.min_cpu && dut_share >= o.min_cpu;
+    const bool quiet = gen_share >= o.min_gen_cpu && dut_share >= o.min_cpu;
     if (!quiet) {
       ++r.disturbed;
       last_disturbed = fmt(100 * gen_share, 0, "%/") + fmt(100 * dut_share, 0, "%");
@@ -828,6 +891,8 @@ int main(int argc, char** argv) {
       o.sample = std::max(1u, parse_list(val()).at(0));
     } else if (a == "--min-cpu") {
       o.min_cpu = std::strtod(val(), nullptr);
+    } else if (a == "--min-gen-cpu") {
+      o.min_gen_cpu = std::strtod(val(), nullptr);
     } else if (a == "--max-rounds") {
       o.max_rounds = parse_list(val()).at(0);
     } else if (a == "--gen-cpu") {
@@ -836,19 +901,26 @@ int main(int argc, char** argv) {
       o.dut_cpu = parse_list(val()).at(0);
     } else if (a == "--switch") {
       o.switch_bin = val();
+    } else if (a == "--switch-base") {
+      o.switch_base_bin = val();
+    } else if (a == "--core-bench") {
+      o.core_bin = val();
     } else if (a == "--testpmd") {
       o.testpmd_bin = val();
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json] [--payloads 256,1024,4096] [--fanins 2,8] "
                    "[--duts switch,io,macswap,csum,rxonly] [--warmup-ms 500] [--measure-ms 2000] "
-                   "[--reps 3] [--inflight 2048] [--sample 4] [--min-cpu 0.95] [--max-rounds 8] "
+                   "[--reps 3] [--inflight 2048] [--sample 4] [--min-cpu 0.95] [--min-gen-cpu X] "
+                   "[--max-rounds 8] "
                    "[--gen-cpu 0] [--dut-cpu 1] "
-                   "[--switch PATH] [--testpmd PATH] [--keep]\n",
+                   "[--switch PATH] [--switch-base PATH] [--core-bench PATH|''] [--testpmd PATH] "
+                   "[--keep]\n",
                    argv[0]);
       return 2;
     }
   }
+  if (o.min_gen_cpu < 0) o.min_gen_cpu = o.min_cpu;
   if (!std::has_single_bit(o.inflight) || o.inflight < 64 || o.inflight > 8192) {
     std::fprintf(stderr, "--inflight must be a power of two from 64 to 8192\n");
     return 2;
@@ -904,17 +976,23 @@ int main(int argc, char** argv) {
   b.gen = &gen;
   b.port = port;
 
-  // Rows: per payload, the switch at each fan-in, then testpmd's modes.
+  // Rows: per payload, the switch at each fan-in (main's build next to it, and the core
+  // alone), then testpmd's modes.
   std::vector<Row> rows;
   for (std::uint32_t p : o.payloads) {
     for (const std::string& d : o.duts) {
       if (d == "switch") {
+        std::vector<std::string> kinds{"switch"};
+        if (!o.switch_base_bin.empty()) kinds.push_back("switch-base");
+        if (!o.core_bin.empty()) kinds.push_back("core");
         for (std::uint32_t f : o.fanins) {
-          Row r;
-          r.dut = d;
-          r.payload = p;
-          r.fanin = f;
-          rows.push_back(r);
+          for (const std::string& k : kinds) {
+            Row r;
+            r.dut = k;
+            r.payload = p;
+            r.fanin = f;
+            rows.push_back(r);
+          }
         }
       } else {
         Row r;
@@ -979,8 +1057,12 @@ int main(int argc, char** argv) {
   }
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
+    if (r.dut == "core") {
+      ok = ok && !r.rx_mpps.empty();
+      continue;  // in the table of the target, below
+    }
     const double rx = median(r.rx_mpps), tx = median(r.tx_mpps);
-    const double gbps = r.dut == "switch" ? rx * r.payload * 8 / 1e3 : NAN;
+    const double gbps = is_switch(r.dut) ? rx * r.payload * 8 / 1e3 : NAN;
     const double l100 = std::ceil(line_mpps(100, r.payload) / rx);
     const double l400 = std::ceil(line_mpps(400, r.payload) / rx);
     const double vmac = rx / ref(r.payload, "macswap", false);
@@ -1031,6 +1113,68 @@ int main(int argc, char** argv) {
        << ", \"counters_agree\": " << (r.counters_agree ? "true" : "false") << ", \"runs_mpps\": [";
     for (std::size_t k = 0; k < r.rx_mpps.size(); ++k) js << (k ? ", " : "") << r.rx_mpps[k];
     js << "]}";
+  }
+  js << "]";
+  // Issue 16's target: the switch's busy time per packet at most 1.1 x (macswap's + the core's),
+  // same payload (and fan-in for the core), same run.
+  const auto ns_of = [&](const char* d, std::uint32_t p, std::uint32_t f) {
+    for (const Row& r : rows) {
+      if (r.dut == d && r.payload == p && r.fanin == f) return median(r.dut_ns);
+    }
+    return std::numeric_limits<double>::quiet_NaN();
+  };
+  const auto range_of = [](const std::vector<double>& v) {
+    if (v.empty()) return std::string("-");
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return fmt(*lo, 0) + "-" + fmt(*hi, 0);
+  };
+  if (!o.json && !o.core_bin.empty()) {
+    std::printf(
+        "\ntarget: switch ns/pkt busy <= 1.1 x (macswap ns/pkt busy + core ns/pkt), same run\n"
+        "| switch | payload | fan-in | switch ns/pkt (runs) | macswap ns/pkt (runs) | core ns/pkt "
+        "(runs) | switch / (macswap + core) | target 1.1 |\n|---|--:|--:|--:|--:|--:|--:|---|\n");
+  }
+  js << ", \"target\": [";
+  bool first = true;
+  for (const Row& r : rows) {
+    if (!is_switch(r.dut) || o.core_bin.empty()) continue;
+    const double sw = median(r.dut_ns), mac = ns_of("macswap", r.payload, 0),
+                 core = ns_of("core", r.payload, r.fanin);
+    const double ratio = sw / (mac + core);
+    std::vector<double> mac_runs, core_runs;
+    // The verdict holds only when every process had its CPU (the default --min-cpu discards
+    // the other runs; with a lower one, contention inflates every figure differently).
+    double share = std::min(median(r.gen_cpu), median(r.dut_cpu));
+    for (const Row& x : rows) {
+      if (x.dut == "macswap" && x.payload == r.payload) {
+        mac_runs = x.dut_ns;
+        share = std::min({share, median(x.gen_cpu), median(x.dut_cpu)});
+      }
+      if (x.dut == "core" && x.payload == r.payload && x.fanin == r.fanin) {
+        core_runs = x.dut_ns;
+        share = std::min(share, median(x.dut_cpu));
+      }
+    }
+    const bool valid = !std::isnan(ratio) && share >= 0.95 && o.min_gen_cpu >= 0.95;
+    const std::string verdict =
+        !valid         ? "no verdict: a CPU share of " + fmt(100 * share, 0, "%") + " (< 95%)"
+        : ratio <= 1.1 ? "met"
+                       : "missed";
+    if (!o.json) {
+      std::printf("| %s | %u | %u | %s (%s) | %s (%s) | %s (%s) | %s | %s |\n", r.dut.c_str(),
+                  r.payload, r.fanin, fmt(sw, 0).c_str(), range_of(r.dut_ns).c_str(),
+                  fmt(mac, 0).c_str(), range_of(mac_runs).c_str(), fmt(core, 1).c_str(),
+                  range_of(core_runs).c_str(), fmt(ratio, 2).c_str(), verdict.c_str());
+    }
+    const auto num = [](double v) {
+      return std::isnan(v) ? std::string("null") : std::to_string(v);
+    };
+    js << (first ? "" : ", ") << "{\"dut\": \"" << r.dut << "\", \"payload\": " << r.payload
+       << ", \"fanin\": " << r.fanin << ", \"switch_ns\": " << num(sw)
+       << ", \"macswap_ns\": " << num(mac) << ", \"core_ns\": " << num(core)
+       << ", \"ratio\": " << num(ratio) << ", \"min_cpu_share\": " << num(share)
+       << ", \"valid\": " << (valid ? "true" : "false") << "}";
+    first = false;
   }
   js << "], \"ok\": " << (ok ? "true" : "false") << "}\n";
   if (o.json) {

@@ -44,6 +44,16 @@ struct AlignedFree {
 
 }  // namespace
 
+/// A tree's output headers, one template per next hop: Ethernet+IPv4+UDP for a full-size payload,
+/// IPv4 checksum included, with the MACs of the hop once resolved (Core::set_next_hops()), and
+/// the hop's tag. Immutable once published; replaced whole, freed after a grace period.
+struct TreeHops {
+  std::vector<std::uint8_t> child_l2l4;  // nchildren * kL2L4Bytes
+  std::vector<std::uint16_t> child_tag;  // nchildren
+  std::uint8_t parent_l2l4[kL2L4Bytes] = {};
+  std::uint16_t parent_tag = kNoHop;
+};
+
 /// One installed tree: configuration, kernels looked up once, slot bookkeeping and slot memory.
 struct Tree {
   TreeConfig cfg;
@@ -70,12 +80,51 @@ struct Tree {
   std::size_t out_off = 0;
   std::size_t res_off = 0;
   std::size_t det_off = 0;
-  // Ethernet+IPv4+UDP headers for a full-size payload, with checksums: per child and to the
-  // parent. A shorter payload (a collective's last chunk) rebuilds them.
-  std::vector<std::uint8_t> child_l2l4;  // nchildren * kL2L4Bytes
-  std::uint8_t parent_l2l4[kL2L4Bytes] = {};
+  // The output headers (owning). A shorter payload than the tree's (a collective's last chunk)
+  // patches a copy's lengths and IPv4 checksum (RFC 1624), never rebuilds it.
+  std::atomic<TreeHops*> hops{nullptr};
   Counters counters;
+  ~Tree() { delete hops.load(std::memory_order_relaxed); }
 };
+
+namespace {
+
+/// The header templates of tree `t` for the hops given (nullptr or tag kNoHop: the configured
+/// MACs), or nullptr when out of memory.
+TreeHops* make_hops(const Tree& t, const Endpoint& self, std::span<const NextHop> children,
+                    const NextHop* parent) noexcept {
+  auto* h = new (std::nothrow) TreeHops;
+  if (h == nullptr) return nullptr;
+  try {
+    h->child_l2l4.resize(t.nchildren * kL2L4Bytes);
+    h->child_tag.assign(t.nchildren, kNoHop);
+  } catch (const std::bad_alloc&) {
+    delete h;
+    return nullptr;
+  }
+  const std::size_t udp_payload = sizeof(TdHdr) + t.cfg.payload_bytes;
+  const auto one = [&](std::uint8_t* out, const Endpoint& to, const NextHop* hop) {
+    Endpoint src = self;
+    Endpoint dst = to;
+    if (hop != nullptr && hop->tag != kNoHop) {
+      std::memcpy(src.mac, hop->src_mac, 6);
+      std::memcpy(dst.mac, hop->dst_mac, 6);
+    }
+    write_l2_l4(out, src, dst, udp_payload);
+  };
+  for (std::size_t i = 0; i < t.nchildren; ++i) {
+    const NextHop* hop = i < children.size() ? &children[i] : nullptr;
+    one(&h->child_l2l4[i * kL2L4Bytes], t.cfg.children[i].addr, hop);
+    if (hop != nullptr) h->child_tag[i] = hop->tag;
+  }
+  if (!t.root) {
+    one(h->parent_l2l4, t.cfg.parent, parent);
+    if (parent != nullptr) h->parent_tag = parent->tag;
+  }
+  return h;
+}
+
+}  // namespace
 
 Core::Core(const CoreConfig& cfg)
     : cfg_(cfg), trees_(std::make_unique<std::atomic<Tree*>[]>(kTreeIds)) {
@@ -154,13 +203,9 @@ Status Core::install_tree(const TreeConfig& cfg) {
   t->mem.reset(mem);
   t->meta.assign(local * 2, SlotMeta{});
 
-  t->child_l2l4.resize(t->nchildren * kL2L4Bytes);
-  for (std::size_t i = 0; i < t->nchildren; ++i) {
-    write_l2_l4(&t->child_l2l4[i * kL2L4Bytes], cfg_.self, cfg.children[i].addr,
-                sizeof(TdHdr) + cfg.payload_bytes);
-  }
-  if (!t->root)
-    write_l2_l4(t->parent_l2l4, cfg_.self, cfg.parent, sizeof(TdHdr) + cfg.payload_bytes);
+  TreeHops* hops = make_hops(*t, cfg_.self, {}, nullptr);
+  if (hops == nullptr) return no_memory();
+  t->hops.store(hops, std::memory_order_relaxed);
   // Everything above is written before this release store; a datapath thread's acquire load of
   // the pointer sees a complete tree.
   trees_[cfg.tree_id].store(t.release(), std::memory_order_release);
@@ -175,6 +220,25 @@ Tree* Core::unpublish_tree(std::uint16_t tree_id) noexcept {
 }
 
 void Core::destroy_tree(Tree* t) noexcept { delete t; }
+
+Status Core::set_next_hops(std::uint16_t tree_id, std::span<const NextHop> children,
+                           const NextHop& parent, TreeHops** old) {
+  *old = nullptr;
+  Tree* t = trees_[tree_id].load(std::memory_order_acquire);
+  if (t == nullptr) return not_found("There is no tree " + std::to_string(tree_id) + ".");
+  if (children.size() != t->nchildren)
+    return invalid_argument("tree " + std::to_string(tree_id) + " has " +
+                            std::to_string(t->nchildren) + " children, got " +
+                            std::to_string(children.size()) + " next hops.");
+  TreeHops* h = make_hops(*t, cfg_.self, children, &parent);
+  if (h == nullptr)
+    return resource_exhausted("no memory for the next hops of tree " + std::to_string(tree_id) +
+                              ".");
+  *old = t->hops.exchange(h, std::memory_order_acq_rel);
+  return Status::Ok();
+}
+
+void Core::destroy_hops(TreeHops* h) noexcept { delete h; }
 
 Status Core::remove_tree(std::uint16_t tree_id) {
   Tree* t = unpublish_tree(tree_id);
@@ -234,19 +298,48 @@ struct Core::Chunk {
 
 namespace {
 
-/// Fill `f` with a frame carrying `td` and `payload_len` bytes at `payload`, using the prebuilt
-/// L2-L4 header when the length is the tree's full size.
-inline void emit_frame(TxFrame& f, const std::uint8_t* l2l4_full, bool full, const Endpoint& self,
-                       const Endpoint& dst, const TdHdr& td, const std::uint8_t* payload,
+constexpr std::size_t kIpLenOffset = sizeof(EtherHdr) + offsetof(Ipv4Hdr, total_length);
+constexpr std::size_t kIpSumOffset = sizeof(EtherHdr) + offsetof(Ipv4Hdr, hdr_checksum);
+constexpr std::size_t kUdpLenOffset =
+    sizeof(EtherHdr) + sizeof(Ipv4Hdr) + offsetof(UdpHdr, dgram_len);
+
+inline std::uint16_t get16(const std::uint8_t* p) noexcept {
+  be16 v;
+  std::memcpy(&v, p, 2);
+  return v.get();
+}
+inline void put16(std::uint8_t* p, std::uint16_t x) noexcept {
+  const be16 v = be16::of(x);
+  std::memcpy(p, &v, 2);
+}
+
+/// Shortens a copied L2-L4 template to a datagram of `udp_payload` bytes (treeduce header +
+/// payload): both length fields, and the IPv4 checksum updated for the one changed word (RFC 1624
+/// eqn. 3: HC' = ~(~HC + ~m + m')), not recomputed. The UDP checksum is 0 (none) and stays 0.
+inline void shorten_l2l4(std::uint8_t* h, std::size_t udp_payload) noexcept {
+  const std::uint16_t old_len = get16(h + kIpLenOffset);
+  const auto new_len = static_cast<std::uint16_t>(sizeof(Ipv4Hdr) + sizeof(UdpHdr) + udp_payload);
+  std::uint32_t sum = static_cast<std::uint16_t>(~get16(h + kIpSumOffset)) +
+                      static_cast<std::uint32_t>(static_cast<std::uint16_t>(~old_len)) + new_len;
+  sum = (sum & 0xFFFF) + (sum >> 16);
+  sum = (sum & 0xFFFF) + (sum >> 16);
+  put16(h + kIpLenOffset, new_len);
+  put16(h + kIpSumOffset, static_cast<std::uint16_t>(~sum));
+  put16(h + kUdpLenOffset, static_cast<std::uint16_t>(sizeof(UdpHdr) + udp_payload));
+}
+
+/// Fill `f` with a frame carrying `td` and `payload_len` bytes at `payload`, from the hop's
+/// L2-L4 template for a full-size payload (`full`: payload_len is that size).
+inline void emit_frame(TxFrame& f, const std::uint8_t* l2l4_full, std::uint16_t tag, bool full,
+                       const TdHdr& td, const std::uint8_t* payload,
                        std::size_t payload_len) noexcept {
-  if (full) {
-    std::memcpy(f.hdr, l2l4_full, kL2L4Bytes);
-  } else {
-    write_l2_l4(f.hdr, self, dst, sizeof(TdHdr) + payload_len);
-  }
+  std::memcpy(f.hdr, l2l4_full, kL2L4Bytes);
+  if (!full) [[unlikely]]
+    shorten_l2l4(f.hdr, sizeof(TdHdr) + payload_len);
   store_header(f.hdr + kL2L4Bytes, td);
   f.payload = payload;
   f.payload_len = static_cast<std::uint32_t>(payload_len);
+  f.hop = tag;
 }
 
 /// The header of everything a slot version sends: the received one's chunk fields with our
@@ -503,7 +596,8 @@ std::size_t Core::on_result(Tree& t, const Parsed& p, Chunk& c, TxFrame* tx,
 
 std::size_t Core::send_up(Tree& t, const Chunk& c, TxFrame* tx) noexcept {
   const TdHdr o = make_td(*c.hdr, Opcode::contrib, t.cfg.index_at_parent, c.m->ncontrib, t.cfg.key);
-  emit_frame(tx[0], t.parent_l2l4, c.full, cfg_.self, t.cfg.parent, o, c.base + t.out_off, c.plen);
+  const TreeHops& h = *t.hops.load(std::memory_order_acquire);
+  emit_frame(tx[0], h.parent_l2l4, h.parent_tag, c.full, o, c.base + t.out_off, c.plen);
   c.m->out_burst = burst_;
   t.counters.events[static_cast<std::size_t>(Event::tx_frames)] += 1;
   return 1;
@@ -513,10 +607,11 @@ std::size_t Core::send_down(Tree& t, const Chunk& c, std::uint16_t first, std::u
                             TxFrame* tx) noexcept {
   const TdHdr o = make_td(*c.hdr, Opcode::result, 0, c.m->ncontrib, t.cfg.key);
   const std::uint8_t* const res = c.base + t.res_off;
+  const TreeHops& h = *t.hops.load(std::memory_order_acquire);
   for (std::uint16_t k = 0; k < n; ++k) {
     const auto child = static_cast<std::uint16_t>(first + k);
-    emit_frame(tx[k], &t.child_l2l4[child * kL2L4Bytes], c.full, cfg_.self,
-               t.cfg.children[child].addr, o, res, c.plen);
+    emit_frame(tx[k], &h.child_l2l4[child * kL2L4Bytes], h.child_tag[child], c.full, o, res,
+               c.plen);
     // Patch the child index in the frame, not in `o`: a 2-byte store into `o` followed by its
     // 32-byte copy stalls store forwarding, which cost ~10 ns per copy (perf, 256 B fan-in 8).
     const be16 be_child = be16::of(child);
@@ -557,6 +652,7 @@ std::size_t Core::refuse(Tree* t, const Parsed& p, DropReason r, TxFrame* tx) no
   store_header(tx[0].hdr + kL2L4Bytes, n);
   tx[0].payload = nullptr;
   tx[0].payload_len = 0;
+  tx[0].hop = kNoHop;
   event(t, Event::nack_sent);
   if (t != nullptr) ++t->counters.events[static_cast<std::size_t>(Event::tx_frames)];
   return 1;

@@ -265,7 +265,7 @@ struct Switch::Impl {
   void emit(Worker& w, const dp::TxFrame* f, std::size_t n, const NeighborTable* nt);
   void emit_multicast(Worker& w, const dp::TxFrame* f, std::size_t n, const NeighborTable* nt);
   void copy_frame(Worker& w, const dp::TxFrame& t, const NeighborTable* nt);
-  rte_mbuf* route(Worker& w, rte_mbuf* m, const NeighborTable* nt);
+  rte_mbuf* route(Worker& w, rte_mbuf* m, std::uint16_t hop, const NeighborTable* nt);
   void send(Worker& w, rte_mbuf* m);
   void post(Worker& w, const CtlMsg& msg);
   void post_probes(Worker& w);
@@ -285,6 +285,11 @@ struct Switch::Impl {
   bool may_learn(const NeighborEntry& e) const;
   void send_arp(std::uint32_t ip);
   void publish_neighbors();
+  /// Resolves the next hops of tree `tree_id` (every installed tree: `all`) from the neighbour
+  /// book into the cores' header templates (dp::Core::set_next_hops()); the replaced templates go
+  /// to `old`, to free after a grace period. Under `mu`.
+  void resolve_hops(std::uint16_t tree_id, std::vector<dp::TreeHops*>* old);
+  void resolve_all_hops(std::vector<dp::TreeHops*>* old);
   /// `last`: at shutdown, everything not logged yet.
   void log_probes(bool last = false);
 

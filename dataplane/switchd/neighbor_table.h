@@ -49,6 +49,10 @@ class NeighborBook {
  public:
   bool learn(const NeighborEntry& e);
   bool contains(std::uint32_t ip) const { return entries_.count(ip) != 0; }
+  const NeighborEntry* find(std::uint32_t ip) const {
+    const auto it = entries_.find(ip);
+    return it != entries_.end() ? &it->second : nullptr;
+  }
   std::size_t size() const { return entries_.size(); }
   std::unique_ptr<NeighborTable> build() const;
 

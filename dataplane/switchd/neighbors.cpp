@@ -52,12 +52,48 @@ void Switch::Impl::add_static_neighbors() {
 
 // ---- publishing ------------------------------------------------------------------------------
 
+/// The new table and the trees' next hops, then one grace period before the old ones are freed.
 void Switch::Impl::publish_neighbors() {
   const NeighborTable* old = neighbors.exchange(book.build().release(), std::memory_order_acq_rel);
-  if (old != nullptr) {
-    synchronize();
-    delete old;
+  std::vector<dp::TreeHops*> old_hops;
+  resolve_all_hops(&old_hops);
+  if (old != nullptr || !old_hops.empty()) synchronize();
+  delete old;
+  for (dp::TreeHops* h : old_hops) dp::Core::destroy_hops(h);
+}
+
+/// A tree's next hops as the book knows them now: the neighbour's MAC and port, the port's MAC
+/// as the source. An address not known (yet) stays unresolved: its frames take the lookup in
+/// route(), which asks for it.
+void Switch::Impl::resolve_hops(std::uint16_t tree_id, std::vector<dp::TreeHops*>* old) {
+  const proto::TreeConfig* t = workers[0]->core->tree_config(tree_id);
+  if (t == nullptr) return;
+  const auto hop_to = [&](std::uint32_t ip) {
+    dp::NextHop h;
+    if (const NeighborEntry* e = book.find(ip)) {
+      std::memcpy(h.dst_mac, e->mac, 6);
+      std::memcpy(h.src_mac, ports[port_index[e->port]].self.mac, 6);
+      h.tag = e->port;
+    }
+    return h;
+  };
+  std::vector<dp::NextHop> children;
+  children.reserve(t->children.size());
+  for (const proto::ChildConfig& c : t->children) children.push_back(hop_to(c.addr.ip));
+  const dp::NextHop parent = t->role == proto::Role::root ? dp::NextHop{} : hop_to(t->parent.ip);
+  for (auto& w : workers) {
+    dp::TreeHops* replaced = nullptr;
+    // Only out of memory can fail here (the tree is installed, one hop per child): its frames
+    // then keep the templates they have, and route() still finds the way.
+    if (Status st = w->core->set_next_hops(tree_id, children, parent, &replaced); !st.ok()) {
+      log("%s", st.message().c_str());
+    }
+    if (replaced != nullptr) old->push_back(replaced);
   }
+}
+
+void Switch::Impl::resolve_all_hops(std::vector<dp::TreeHops*>* old) {
+  for (const auto& [id, job] : jobs) resolve_hops(id, old);
 }
 
 // ---- the neighbour thread --------------------------------------------------------------------

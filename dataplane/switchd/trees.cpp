@@ -17,6 +17,10 @@ Status Switch::install(const proto::TreeConfig& t, const std::string& job) {
   if (Status st = s.install_in_cores(t); !st.ok()) return st;
   s.jobs[t.tree_id] = job;
   s.want_next_hops(t);
+  std::vector<dp::TreeHops*> old;
+  s.resolve_hops(t.tree_id, &old);
+  s.synchronize();  // no lcore still builds a frame from the unresolved templates
+  for (dp::TreeHops* h : old) dp::Core::destroy_hops(h);
   log("tree %u installed (job '%s', %s, %zu children, %u slots x %u B%s)", t.tree_id, job.c_str(),
       std::string(proto::name(t.role)).c_str(), t.children.size(), t.slots, t.payload_bytes,
       t.deterministic ? ", deterministic" : "");

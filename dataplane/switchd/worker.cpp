@@ -376,10 +376,16 @@ void Switch::Impl::post(Worker& w, const CtlMsg& msg) {
   }
 }
 
-/// Sets the Ethernet addresses of an output frame from the neighbour table, or drops it (and
-/// asks the neighbour thread to resolve the address, at most once per 10 ms per worker).
+/// An output frame's way out. A tree's resolved next hop (`hop`, dp::TxFrame::hop): its port,
+/// the core wrote the MACs from the hop's template. Otherwise (a NACK, a hop not resolved yet)
+/// the Ethernet addresses come from the neighbour table, or the frame is dropped (and the
+/// neighbour thread asked to resolve the address, at most once per 10 ms per worker).
 /// Returns the mbuf to send with its `port` set, or nullptr.
-rte_mbuf* Switch::Impl::route(Worker& w, rte_mbuf* m, const NeighborTable* nt) {
+rte_mbuf* Switch::Impl::route(Worker& w, rte_mbuf* m, std::uint16_t hop, const NeighborTable* nt) {
+  if (hop != dp::kNoHop) [[likely]] {
+    m->port = hop;
+    return m;
+  }
   auto* eth = rte_pktmbuf_mtod(m, std::uint8_t*);
   const std::uint32_t dst = load_be32(eth + kIpDstOffset);
   const NeighborEntry* e = nt->find(dst);
@@ -434,7 +440,7 @@ void Switch::Impl::copy_frame(Worker& w, const dp::TxFrame& t, const NeighborTab
       reinterpret_cast<std::uint8_t*>(rte_pktmbuf_append(m, static_cast<std::uint16_t>(t.len())));
   std::memcpy(d, t.hdr, proto::kFrameHeaderBytes);
   if (t.payload_len != 0) std::memcpy(d + proto::kFrameHeaderBytes, t.payload, t.payload_len);
-  send(w, route(w, m, nt));
+  send(w, route(w, m, t.hop, nt));
 }
 
 /// The core's output: runs of frames that share one payload are a multicast, the rest unicast.
@@ -456,33 +462,48 @@ void Switch::Impl::emit(Worker& w, const dp::TxFrame* f, std::size_t n, const Ne
 
 /// A multicast of `n` frames with one payload: the payload is copied once out of the slot (the
 /// core reuses slot memory after this call), each child gets its own 74-byte header chained to
-/// an indirect mbuf attached to it.
+/// an indirect mbuf attached to it; the last child's header is chained to the payload mbuf
+/// itself. The header and indirect mbufs come in two bulk allocations (one mempool cache access
+/// each, not 2n): all or none.
 void Switch::Impl::emit_multicast(Worker& w, const dp::TxFrame* f, std::size_t n,
                                   const NeighborTable* nt) {
+  rte_mbuf* hs[proto::kMaxChildren];
+  rte_mbuf* cs[proto::kMaxChildren];
   rte_mbuf* pay = rte_pktmbuf_alloc(pool);
-  if (pay == nullptr) {
+  if (pay == nullptr || rte_pktmbuf_alloc_bulk(hdr_pool, hs, static_cast<unsigned>(n)) != 0) {
+    rte_pktmbuf_free(pay);
+    for (std::size_t i = 0; i < n; ++i) w.count(SwitchdCounter::tx_no_mbuf);
+    return;
+  }
+  const unsigned nc = static_cast<unsigned>(n - 1);
+  if (nc != 0 && rte_pktmbuf_alloc_bulk(ind_pool, cs, nc) != 0) {
+    rte_pktmbuf_free(pay);
+    rte_pktmbuf_free_bulk(hs, static_cast<unsigned>(n));
     for (std::size_t i = 0; i < n; ++i) w.count(SwitchdCounter::tx_no_mbuf);
     return;
   }
   std::memcpy(rte_pktmbuf_append(pay, static_cast<std::uint16_t>(f[0].payload_len)), f[0].payload,
               f[0].payload_len);
-  for (std::size_t i = 0; i < n; ++i) {
-    rte_mbuf* h = rte_pktmbuf_alloc(hdr_pool);
-    if (h == nullptr) {
-      w.count(SwitchdCounter::tx_no_mbuf);
+  for (std::size_t k = 0; k < n; ++k) {
+    rte_mbuf* h = hs[k];
+    // The last child takes `pay` itself, with our reference; the others an indirect mbuf.
+    const bool last = k == n - 1;
+    rte_mbuf* c = last ? pay : cs[k];
+    std::memcpy(rte_pktmbuf_append(h, proto::kFrameHeaderBytes), f[k].hdr,
+                proto::kFrameHeaderBytes);
+    if (route(w, h, f[k].hop, nt) == nullptr) {
+      rte_pktmbuf_free(c);
       continue;
     }
-    std::memcpy(rte_pktmbuf_append(h, proto::kFrameHeaderBytes), f[i].hdr,
-                proto::kFrameHeaderBytes);
-    if (route(w, h, nt) == nullptr) continue;
     if (!ports[port_index[h->port]].chain) {
       // This child's port takes only single-segment frames.
       rte_pktmbuf_free(h);
-      copy_frame(w, f[i], nt);
+      copy_frame(w, f[k], nt);
+      rte_pktmbuf_free(c);
       continue;
     }
-    rte_mbuf* c = rte_pktmbuf_clone(pay, ind_pool);
-    if (c == nullptr || rte_pktmbuf_chain(h, c) != 0) {
+    if (!last) rte_pktmbuf_attach(c, pay);
+    if (rte_pktmbuf_chain(h, c) != 0) {
       rte_pktmbuf_free(c);
       rte_pktmbuf_free(h);
       w.count(SwitchdCounter::tx_no_mbuf);
@@ -490,7 +511,6 @@ void Switch::Impl::emit_multicast(Worker& w, const dp::TxFrame* f, std::size_t n
     }
     send(w, h);
   }
-  rte_pktmbuf_free(pay);  // the clones hold it until the PMD has sent them
 }
 
 }  // namespace treeduce::switchd

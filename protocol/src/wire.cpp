@@ -23,9 +23,19 @@ std::uint16_t inet_checksum(const std::uint8_t* p, std::size_t len) noexcept {
 }
 
 std::uint16_t ipv4_checksum(const Ipv4Hdr& ip) noexcept {
-  std::uint8_t b[sizeof(Ipv4Hdr)];
-  std::memcpy(b, &ip, sizeof b);
-  return inet_checksum(b, sizeof b);
+  // Five 32-bit words in native order, not ten byte pairs: the one's complement sum does not
+  // depend on byte order (RFC 1071), one swap at the end gives the big-endian sum's value, and a
+  // 32-bit word's two halves fold into the same 16-bit sum. This runs on every frame a switch
+  // receives (perf: the byte loop was ~4 ns of ~210 per packet, 1 KiB fan-in 8).
+  static_assert(sizeof(Ipv4Hdr) == 20);
+  std::uint32_t w[5];
+  std::memcpy(w, &ip, sizeof w);
+  std::uint64_t sum = std::uint64_t{w[0]} + w[1] + w[2] + w[3] + w[4];
+  sum = (sum & 0xFFFFFFFF) + (sum >> 32);
+  sum = (sum & 0xFFFF) + (sum >> 16);
+  sum = (sum & 0xFFFF) + (sum >> 16);
+  sum = (sum & 0xFFFF) + (sum >> 16);
+  return bswap_be(static_cast<std::uint16_t>(~sum & 0xFFFF));
 }
 
 void write_l2_l4(std::uint8_t* out, const Endpoint& src, const Endpoint& dst,

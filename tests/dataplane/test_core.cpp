@@ -85,6 +85,90 @@ TEST(CoreRoot, CompletesAndMulticastsOneSharedPayload) {
   EXPECT_EQ(v.ncontrib, 3u);
 }
 
+/// The L2-L4 bytes a frame to `dst` with `udp_payload` bytes must carry, built from scratch.
+std::vector<std::uint8_t> l2l4(const Endpoint& src, const Endpoint& dst, std::size_t udp_payload) {
+  std::vector<std::uint8_t> b(kFrameHeaderBytes - sizeof(TdHdr));
+  write_l2_l4(b.data(), src, dst, udp_payload);
+  return b;
+}
+
+NextHop hop(std::uint8_t mac_seed, std::uint16_t tag) {
+  NextHop h;
+  for (std::uint8_t i = 0; i < 6; ++i) {
+    h.dst_mac[i] = static_cast<std::uint8_t>(mac_seed + i);
+    h.src_mac[i] = static_cast<std::uint8_t>(0xA0 + mac_seed + i);
+  }
+  h.tag = tag;
+  return h;
+}
+
+Endpoint via(Endpoint e, const NextHop& h) {
+  std::memcpy(e.mac, h.dst_mac, 6);
+  return e;
+}
+
+Endpoint from(const NextHop& h) {
+  Endpoint e = kSwitch;
+  std::memcpy(e.mac, h.src_mac, 6);
+  return e;
+}
+
+TEST(CoreNextHops, ResolvedHopsCarryTheirMacsAndTagsAtEveryLength) {
+  Harness h;
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, false, false, 4, 256)).ok());
+  TreeHops* old = nullptr;
+  const NextHop c0 = hop(0x10, 7), c1{}, up = hop(0x30, 9);  // child 1 not resolved
+  EXPECT_EQ(h.core.set_next_hops(6, std::vector<NextHop>{c0, c1}, up, &old).code(),
+            treeduce::Code::not_found);
+  EXPECT_EQ(old, nullptr);
+  EXPECT_EQ(h.core.set_next_hops(5, std::vector<NextHop>{c0}, up, &old).code(),
+            treeduce::Code::invalid_argument);
+  EXPECT_EQ(old, nullptr);
+  // Unresolved at install: the configured MACs, no tag.
+  h.feed(frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 64), std::vector<float>(64, 1)));
+  auto out = h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 64), std::vector<float>(64, 2)));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].hop, kNoHop);
+  EXPECT_EQ(std::vector<std::uint8_t>(out[0].hdr, out[0].hdr + 42),
+            l2l4(kSwitch, kParent, sizeof(TdHdr) + 256));
+  ASSERT_TRUE(h.core.set_next_hops(5, std::vector<NextHop>{c0, c1}, up, &old).ok());
+  ASSERT_NE(old, nullptr);
+  Core::destroy_hops(old);  // no other thread runs process_burst() here
+  // Every payload length: a short one patches the template's lengths and IPv4 checksum (RFC
+  // 1624); the bytes must equal headers built from scratch.
+  for (std::uint16_t count = 1; count <= 64; ++count) {
+    const std::uint32_t chunk = count;
+    const std::uint32_t seq = count;
+    const auto n = static_cast<std::size_t>(count);
+    h.feed(frame(child_ep(0), hdr(Opcode::contrib, chunk, 0, count, DType::f32, 4, seq),
+                 std::vector<float>(n, 1)));
+    out = h.feed(frame(child_ep(1), hdr(Opcode::contrib, chunk, 1, count, DType::f32, 4, seq),
+                       std::vector<float>(n, 2)));
+    ASSERT_EQ(out.size(), 1u) << count;
+    const std::size_t udp_payload = sizeof(TdHdr) + 4 * n;
+    EXPECT_EQ(out[0].hop, 9);
+    EXPECT_EQ(std::vector<std::uint8_t>(out[0].hdr, out[0].hdr + 42),
+              l2l4(from(up), via(kParent, up), udp_payload))
+        << count;
+    std::vector<std::uint8_t> f(kFrameHeaderBytes + 4 * n);
+    const float r = 3;
+    std::vector<float> res(n, r);
+    build_frame(f.data(), kParent, kSwitch,
+                hdr(Opcode::result, chunk, 3, count, DType::f32, 4, seq, 2), res.data(), 4 * n);
+    out = h.feed(f);
+    ASSERT_EQ(out.size(), 2u) << count;
+    EXPECT_EQ(out[0].hop, 7);
+    EXPECT_EQ(std::vector<std::uint8_t>(out[0].hdr, out[0].hdr + 42),
+              l2l4(from(c0), via(child_ep(0), c0), udp_payload))
+        << count;
+    EXPECT_EQ(out[1].hop, kNoHop);
+    EXPECT_EQ(std::vector<std::uint8_t>(out[1].hdr, out[1].hdr + 42),
+              l2l4(kSwitch, child_ep(1), udp_payload))
+        << count;
+    EXPECT_EQ(value(out[1], 0), 3.0f);
+  }
+}
+
 TEST(CoreRoot, DuplicatesAreNeverAddedTwice) {
   Harness h;
   ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -52,6 +53,19 @@ TEST(Wire, ByteLayoutIsBigEndian) {
   EXPECT_EQ(b[19], 0x04);
   EXPECT_EQ(b[24], 0x11);
   EXPECT_EQ(b[31], 0x88);
+}
+
+TEST(Wire, Ipv4ChecksumEqualsTheBytewiseSum) {
+  std::mt19937 rng(16);
+  for (int i = 0; i < 20000; ++i) {
+    std::uint8_t b[sizeof(Ipv4Hdr)];
+    // Random headers, and some with long runs of 0xFF that carry through every fold.
+    for (auto& x : b) x = i % 4 == 0 ? 0xFF : static_cast<std::uint8_t>(rng());
+    b[rng() % sizeof b] = static_cast<std::uint8_t>(rng());
+    Ipv4Hdr ip;
+    std::memcpy(&ip, b, sizeof b);
+    ASSERT_EQ(ipv4_checksum(ip), inet_checksum(b, sizeof b)) << i;
+  }
 }
 
 TEST(Wire, BuildThenParseRoundTrips) {

@@ -68,6 +68,18 @@ struct RxFrame {
   std::size_t len;
 };
 
+/// TxFrame::hop and NextHop::tag of a destination the caller resolves itself.
+constexpr std::uint16_t kNoHop = 0xFFFF;
+
+/// A resolved next hop of a tree's parent or child, set by the caller (Core::set_next_hops()):
+/// the Ethernet addresses its frames carry and the caller's tag for the way out (the DPDK daemon:
+/// the port id). tag kNoHop: not resolved, the frame carries the configured MACs.
+struct NextHop {
+  std::uint8_t dst_mac[6] = {};
+  std::uint8_t src_mac[6] = {};
+  std::uint16_t tag = kNoHop;
+};
+
 /// A frame to send: its own 74 header bytes followed by a payload that may be shared by several
 /// TxFrames (multicast). `payload` points into the core's slot memory and stays valid, with the
 /// bytes it had when the frame was made, until the next process_burst(), install_tree() or
@@ -77,6 +89,10 @@ struct TxFrame {
   std::uint8_t hdr[kFrameHeaderBytes];
   const std::uint8_t* payload;
   std::uint32_t payload_len;
+  /// The tag of the tree's next hop whose Ethernet addresses `hdr` already carries (NextHop), or
+  /// kNoHop: `hdr` carries the configured MACs (a tree hop not resolved yet) or the sender's (a
+  /// NACK), and the caller finds the way out itself.
+  std::uint16_t hop;
   std::uint32_t len() const noexcept { return kFrameHeaderBytes + payload_len; }
 };
 
@@ -111,7 +127,8 @@ struct CoreConfig {
   std::uint32_t shards = 1;
 };
 
-struct Tree;  // defined in core.cpp
+struct Tree;      // defined in core.cpp
+struct TreeHops;  // a tree's output headers per next hop, defined in core.cpp
 
 /// One switch's aggregation engine (or one shard of it). One datapath thread calls
 /// process_burst(); the tree table may be changed by one control thread at the same time through
@@ -140,6 +157,17 @@ class Core {
   /// use it. Free it with destroy_tree() once every datapath thread has passed a quiescent point.
   Tree* unpublish_tree(std::uint16_t tree_id) noexcept;
   static void destroy_tree(Tree* t) noexcept;
+  /// Resolve a tree's next hops: `children` (one per child, in order) and `parent` (ignored at a
+  /// root) give the Ethernet addresses its frames carry from now on and the tag they are marked
+  /// with (TxFrame::hop). The core rebuilds the tree's header templates (IPv4 checksum included)
+  /// once here, so no frame needs a neighbour lookup or a MAC write. Safe while another thread
+  /// runs process_burst() (one release store), but not concurrently with unpublish_tree() or
+  /// another set_next_hops() of the tree: `*old` receives the replaced set, to free with
+  /// destroy_hops() once every datapath thread has passed a quiescent point. not_found (no tree)
+  /// or invalid_argument (not one hop per child); then `*old` is nullptr.
+  Status set_next_hops(std::uint16_t tree_id, std::span<const NextHop> children,
+                       const NextHop& parent, TreeHops** old);
+  static void destroy_hops(TreeHops* h) noexcept;
   /// Number of installed trees (control thread).
   std::size_t tree_count() const noexcept;
   /// The configuration a tree was installed with, or nullptr (control thread).
