@@ -123,6 +123,9 @@ TEST(Widen, EveryEncodingMatchesTheFormatDefinition) {
   }
 }
 
+// The compiler's own _Float16 as a second oracle where it has one (GCC 12, clang >= 15 on
+// x86-64; clang 14 lacks it): the exhaustive and oracle tests above cover every compiler.
+#ifdef __FLT16_MANT_DIG__
 TEST(Widen, F16MatchesCompilerFloat16) {
   for (std::uint32_t b = 0; b < 65536; ++b) {
     const float want = static_cast<float>(std::bit_cast<_Float16>(static_cast<std::uint16_t>(b)));
@@ -134,6 +137,7 @@ TEST(Widen, F16MatchesCompilerFloat16) {
     }
   }
 }
+#endif
 
 TEST(Widen, OcpAnchorValues) {
   EXPECT_EQ(e4m3_to_f32(0x7E), 448.0f);
@@ -202,6 +206,7 @@ TEST(Narrow, RoundTripOfEveryEncoding) {
   }
 }
 
+#ifdef __FLT16_MANT_DIG__
 TEST(Narrow, F16MatchesCompilerFloat16) {
   std::mt19937 rng(11);
   const NarrowOracle oracle(kFormatF16);
@@ -218,6 +223,7 @@ TEST(Narrow, F16MatchesCompilerFloat16) {
     }
   }
 }
+#endif
 
 TEST(Narrow, DocumentedExamples) {
   EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f), 0x3C00);  // tie: to even

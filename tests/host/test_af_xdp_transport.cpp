@@ -93,8 +93,11 @@ std::vector<std::uint8_t> frame_to(std::uint32_t ip, std::uint16_t port) {
 
 int run(int prog, std::vector<std::uint8_t> f) {
   f.resize(std::max<std::size_t>(f.size(), 14));
-  LIBBPF_OPTS(bpf_test_run_opts, o, .data_in = f.data(), .data_size_in = std::uint32_t(f.size()),
-              .repeat = 1);
+  bpf_test_run_opts o{};  // LIBBPF_OPTS without its GNU extensions (clang -Werror)
+  o.sz = sizeof(o);
+  o.data_in = f.data();
+  o.data_size_in = std::uint32_t(f.size());
+  o.repeat = 1;
   EXPECT_EQ(bpf_prog_test_run_opts(prog, &o), 0) << std::strerror(errno);
   return int(o.retval);
 }
