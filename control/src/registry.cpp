@@ -964,7 +964,11 @@ Result<TopologyChange> JobRegistry::set_topology(const std::string& yaml) {
   auto loaded = load_topology_yaml(yaml);
   if (!loaded.ok())
     return invalid_argument(loaded.status().message() + " The topology was not changed.");
-  auto next = std::make_shared<const Topology>(std::move(*loaded));
+  return set_topology(std::move(*loaded), yaml);
+}
+
+Result<TopologyChange> JobRegistry::set_topology(Topology loaded, const std::string& yaml) {
+  auto next = std::make_shared<const Topology>(std::move(loaded));
   const Topology& nt = *next;
   std::lock_guard lock(mu_);
   const Topology& old = *topo_;

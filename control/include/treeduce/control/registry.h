@@ -248,6 +248,10 @@ class JobRegistry {
   /// gone are forgotten. Stored (with RegistryOptions::topology_file_hash) so that a restart
   /// keeps it.
   Result<TopologyChange> set_topology(const std::string& yaml);
+  /// The same for text already loaded: `loaded` is what load_topology_yaml(yaml) returned, and
+  /// `yaml` is kept for a restart. For a caller that loads outside the registry (the registry
+  /// fuzzer applies fabrics it parsed once).
+  Result<TopologyChange> set_topology(Topology loaded, const std::string& yaml);
 
   /// Loads jobs, trees and switches from the store after a restart. Trees are re-reserved
   /// (Allocator::adopt) but not re-installed: the switches still hold them and their traffic
