@@ -27,6 +27,10 @@ Obstacle failure(Code code, std::string why) { return Obstacle{code, std::move(w
 // receive() waits before the references are checked again.
 constexpr std::uint64_t kHeldPollNs = 50'000;
 
+// At most this many receives take what is queued before a due retransmission timer fires: a
+// bound, so that a flood of datagrams cannot hold the timers off for ever.
+constexpr int kDrainRounds = 64;
+
 }  // namespace
 
 NetworkLoop::NetworkLoop(std::unique_ptr<Transport> transport, const EngineConfig& engine,
@@ -104,6 +108,14 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
   const std::size_t cap = std::min(out_.size(), transport_->batch());
   std::string io;
   std::optional<Obstacle> abandoned;
+  const auto deliver = [this](std::span<const RxDatagram> rx) {
+    const std::uint64_t t3 = rx.empty() ? 0 : now_ns();  // the adaptive timer's samples end here
+    for (const RxDatagram& d : rx) {
+      if (d.len < sizeof(proto::TdHdr)) continue;
+      engine_.on_packet(proto::load_header<proto::TdHdr>(d.data), d.data + sizeof(proto::TdHdr),
+                        d.len - sizeof(proto::TdHdr), t3);
+    }
+  };
   for (;;) {
     // Operations done, in order; then the next ones the source has.
     if (engine_.completed() != reported) {
@@ -143,6 +155,19 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
                      std::to_string(op_timeout_ms_) + " ms (op_timeout_ms)");
       break;
     }
+    // A retransmission timer is due: first take every datagram already queued. A rank that was
+    // descheduled past its timers finds their RESULTs waiting in its socket or ring, more than
+    // one receive's batch after a long stall; retransmitting those chunks would be spurious
+    // (whole windows of them). Only when a timer is due: one receive that finds nothing.
+    if (!held && engine_.next_timeout() <= t) {
+      for (int round = 0; round < kDrainRounds; ++round) {
+        const auto rx = transport_->receive(0, &io);
+        if (rx.empty() || !io.empty()) break;
+        deliver(rx);
+      }
+      if (!io.empty()) break;
+      if (engine_.status() != Status::running) continue;
+    }
     const std::size_t n = held ? 0 : engine_.poll(t, out_.data(), cap);
     if (n != 0) io = transport_->send(out_.data(), n);
     if (!io.empty()) break;
@@ -151,12 +176,7 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
         held ? std::min(t + kHeldPollNs, deadline) : std::min(engine_.next_deadline(), deadline);
     const auto rx = wait_for_input(until, &io);
     if (!io.empty()) break;
-    const std::uint64_t t3 = rx.empty() ? 0 : now_ns();  // the adaptive timer's samples end here
-    for (const RxDatagram& d : rx) {
-      if (d.len < sizeof(proto::TdHdr)) continue;
-      engine_.on_packet(proto::load_header<proto::TdHdr>(d.data), d.data + sizeof(proto::TdHdr),
-                        d.len - sizeof(proto::TdHdr), t3);
-    }
+    deliver(rx);
   }
   if (!io.empty()) {
     abandoned = failure(Code::unavailable, "the UDP transport failed: " + as_phrase(io));

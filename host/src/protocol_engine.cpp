@@ -261,4 +261,12 @@ std::uint64_t ProtocolEngine::next_deadline() const noexcept {
   return d;
 }
 
+std::uint64_t ProtocolEngine::next_timeout() const noexcept {
+  std::uint64_t d = std::numeric_limits<std::uint64_t>::max();
+  if (status_ != Status::running) return d;
+  for (const auto& s : slots_)
+    if (s.active && !s.need_send) d = std::min(d, s.deadline);
+  return d;
+}
+
 }  // namespace treeduce::host

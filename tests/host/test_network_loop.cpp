@@ -1,12 +1,15 @@
-// The network loop (host/src/network_loop.cpp) with a fake transport that plays a one-rank
-// switch (every CONTRIB comes back as its RESULT) and, like a zero-copy transport whose device
-// is slow to free its frames, keeps a reference into each payload it sent for three receive()
-// calls after the send: an operation must not complete while its send buffer is referenced.
+// The network loop (host/src/network_loop.cpp) with fake transports that play a one-rank switch
+// (every CONTRIB comes back as its RESULT): one, like a zero-copy transport whose device is slow
+// to free its frames, keeps a reference into each payload it sent for three receive() calls
+// after the send (an operation must not complete while its send buffer is referenced); another
+// plays a rank descheduled past its timers with the RESULTs queued (no spurious retransmission).
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
+#include <thread>
 #include <vector>
 
 #include "network_loop.h"
@@ -110,6 +113,65 @@ TEST(NetworkLoop, AnOperationCompletesOnlyOnceTheTransportLetsGoOfItsSendBuffer)
   ASSERT_FALSE(loop.run(Operation{in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum}));
   EXPECT_FALSE(t->references(in.data(), in.size() * sizeof(float)));
   EXPECT_EQ(out, in);
+}
+
+// Every RESULT is queued the moment its CONTRIB is sent, and receive() hands out one datagram
+// at a time; once, with a whole window queued, a waiting receive() first sleeps past every
+// retransmission timer, as a rank descheduled for that long would.
+class QueuedTransport final : public Transport {
+ public:
+  std::size_t batch() const noexcept override { return 16; }
+  std::string send(const OutPacket* p, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) {
+      proto::TdHdr td = p[i].td;
+      td.opcode = static_cast<std::uint8_t>(proto::Opcode::result);
+      std::vector<std::uint8_t> d(sizeof td + p[i].payload_len);
+      std::memcpy(d.data(), &td, sizeof td);
+      std::memcpy(d.data() + sizeof td, p[i].payload, p[i].payload_len);
+      queue_.push_back(std::move(d));
+      ++stats_.sent;
+    }
+    return {};
+  }
+  std::span<const RxDatagram> receive(std::uint64_t timeout_ns, std::string*) override {
+    if (timeout_ns != 0 && !slept && queue_.size() >= 8) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the timers are 1 ms
+      slept = true;
+    }
+    if (queue_.empty()) return {};
+    given_ = std::move(queue_.front());
+    queue_.pop_front();
+    rx_ = RxDatagram{given_.data(), given_.size()};
+    return {&rx_, 1};
+  }
+  bool references(const void*, std::size_t) override { return false; }
+  void wake() noexcept override {}
+  const TransportStats& stats() const noexcept override { return stats_; }
+  bool slept = false;
+
+ private:
+  std::deque<std::vector<std::uint8_t>> queue_;
+  std::vector<std::uint8_t> given_;
+  RxDatagram rx_{};
+  TransportStats stats_;
+};
+
+TEST(NetworkLoop, ADueTimerFirstTakesTheResultsAlreadyQueued) {
+  auto owned = std::make_unique<QueuedTransport>();
+  QueuedTransport* t = owned.get();
+  EngineConfig ec;
+  ec.world = 1;
+  ec.slots = 8;
+  ec.payload_bytes = 256;
+  ec.rto_initial_ns = 1'000'000;  // fixed 1 ms: the sleep outlasts every chunk's timer
+  std::atomic<bool> stop{false};
+  NetworkLoop loop(std::move(owned), ec, "10.0.0.1:47110", "", 10'000, stop);
+  std::vector<float> in(64 * 40), out(in.size(), 0.0f);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i);
+  ASSERT_FALSE(loop.run(Operation{in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum}));
+  ASSERT_TRUE(t->slept);
+  EXPECT_EQ(out, in);
+  EXPECT_EQ(loop.retransmits(), 0u) << "chunks whose RESULTs were queued went again";
 }
 
 }  // namespace

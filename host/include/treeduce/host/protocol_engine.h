@@ -104,6 +104,8 @@ class ProtocolEngine {
 
   /// Earliest time poll() has something to do; UINT64_MAX when nothing is pending.
   std::uint64_t next_deadline() const noexcept;
+  /// Earliest retransmission timer of a chunk sent and not answered; UINT64_MAX when none.
+  std::uint64_t next_timeout() const noexcept;
 
   Status status() const noexcept { return status_; }
   /// The reason of the NACK that failed the collective (DropReason::none otherwise).
