@@ -632,6 +632,11 @@ std::size_t Core::refuse(Tree* t, const Parsed& p, DropReason r, TxFrame* tx) no
     }
   }
   if (p.td.opcode != static_cast<std::uint8_t>(Opcode::contrib) || !nacks(r)) return 0;
+  if (nack_budget_ == 0) [[unlikely]] {
+    event(t, Event::nack_suppressed);
+    return 0;
+  }
+  --nack_budget_;
   // The NACK goes back to where the CONTRIB came from (its source MAC, IPv4 address and UDP
   // port) and echoes its header with our version and no payload. Its key field is a MAC keyed
   // with the key the CONTRIB carried (the tree's key never goes back, and for unknown_tree or

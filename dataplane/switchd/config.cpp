@@ -171,6 +171,7 @@ void each_setting(C& c, F&& f) {
   f("idle_sleep_us", "0: busy polling; else the longest sleep of an idle lcore", c.idle_sleep_us);
   f("burst", "RX/TX burst size, 1..64", c.burst);
   f("tx_drain_us", "flush TX buffers at least this often", c.tx_drain_us);
+  f("nack_rate", "NACKs per second and lcore at most; 0: no limit", c.nack_rate);
   f("mbufs", "mbufs in the packet pool", c.mbufs);
   f("rx_desc", "RX descriptors per queue", c.rx_desc);
   f("tx_desc", "TX descriptors per queue", c.tx_desc);
@@ -279,6 +280,7 @@ std::string check(const SwitchConfig& c, const Lines& lines, bool security = tru
   const Range ranges[] = {{&c.idle_sleep_us, "idle_sleep_us", 0, 1'000'000},
                           {&c.burst, "burst", 1, 64},
                           {&c.tx_drain_us, "tx_drain_us", 1, 1'000'000},
+                          {&c.nack_rate, "nack_rate", 0, 100'000'000},
                           {&c.mbufs, "mbufs", 1024, 1u << 24},
                           {&c.rx_desc, "rx_desc", 32, 16384},
                           {&c.tx_desc, "tx_desc", 32, 16384},

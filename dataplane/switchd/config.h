@@ -60,7 +60,10 @@ struct SwitchConfig {
   std::uint32_t idle_sleep_us = 0;
   std::uint32_t burst = 32;         ///< RX/TX burst size, 1..64
   std::uint32_t tx_drain_us = 100;  ///< TX buffers are flushed at least this often
-  std::uint32_t mbufs = 8192;       ///< mbufs in the RX/payload pool (per switch)
+  /// NACKs each datapath lcore sends per second at most (dp::Core::refill_nacks every 100 ms);
+  /// 0: no limit.
+  std::uint32_t nack_rate = 10'000;
+  std::uint32_t mbufs = 8192;  ///< mbufs in the RX/payload pool (per switch)
   std::uint32_t rx_desc = 1024, tx_desc = 1024;
   /// Prometheus text endpoint "addr:port"; empty disables it. Loopback by default.
   std::string metrics_listen = "127.0.0.1:9470";

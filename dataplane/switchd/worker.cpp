@@ -44,6 +44,14 @@ void Switch::Impl::worker_loop(Worker& w) {
   const std::uint64_t drain_tsc = tsc_hz * cfg.tx_drain_us / 1'000'000;
   const std::uint16_t burst = static_cast<std::uint16_t>(cfg.burst);
   std::uint64_t last_drain = rte_rdtsc();
+  // The core's NACK budget: a tenth of nack_rate every 100 ms (at least one).
+  const std::uint64_t nack_period = tsc_hz / 10;
+  const std::uint64_t nack_budget = std::max<std::uint64_t>(1, cfg.nack_rate / 10);
+  std::uint64_t next_nack_refill = 0;
+  if (cfg.nack_rate != 0) {
+    w.core->refill_nacks(nack_budget);
+    next_nack_refill = rte_rdtsc() + nack_period;
+  }
   std::uint32_t idle = 0, sleep_us = 1;
   rte_mbuf* local[kMaxBurst * 2];
   while (!g_stop.load(std::memory_order_relaxed)) {
@@ -63,6 +71,10 @@ void Switch::Impl::worker_loop(Worker& w) {
     // Flush as soon as the queues run dry: waiting for a full TX burst would add latency to
     // every chunk of a window-limited allreduce. Under backlog, the timer bounds the delay.
     const std::uint64_t now = rte_rdtsc();
+    if (cfg.nack_rate != 0 && now >= next_nack_refill) {
+      w.core->refill_nacks(nack_budget);
+      next_nack_refill = now + nack_period;
+    }
     if (!backlog || now - last_drain > drain_tsc) {
       flush(w);
       last_drain = now;

@@ -356,6 +356,33 @@ TEST(CoreRefusals, ProbesAreNotedForTheLog) {
   EXPECT_EQ(h.core.probes_lost(), 3u);
 }
 
+// A flood of refused CONTRIBs: NACKs only while the budget lasts, the rest counted; the drops
+// are counted either way, and a refill lets the next refusal be answered again.
+TEST(CoreRefusals, NacksStopWhenTheBudgetIsSpent) {
+  Harness h;
+  ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());
+  TdHdr t = hdr(Opcode::contrib, 0, 0, 4);
+  t.key.set(t.key.get() ^ 1);  // bad_key
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(h.feed(frame(child_ep(0), t, {1, 1, 1, 1})).size(), 1u);
+  h.core.refill_nacks(3);
+  std::size_t answered = 0;
+  for (int i = 0; i < 10; ++i) answered += h.feed(frame(child_ep(0), t, {1, 1, 1, 1})).size();
+  EXPECT_EQ(answered, 3u);
+  EXPECT_EQ(h.core.counters().event(Event::nack_sent), 8u);
+  EXPECT_EQ(h.core.counters().event(Event::nack_suppressed), 7u);
+  EXPECT_EQ(h.core.counters().drop(DropReason::bad_key), 15u);
+  EXPECT_EQ(h.core.probes().size(), 15u);  // still noted for the log
+  h.core.refill_nacks(1);
+  EXPECT_EQ(h.feed(frame(child_ep(0), t, {1, 1, 1, 1})).size(), 1u);
+  EXPECT_TRUE(h.feed(frame(child_ep(0), t, {1, 1, 1, 1})).empty());
+  // A budget of 0 answers nothing; the tree's own traffic goes on.
+  h.core.refill_nacks(0);
+  EXPECT_TRUE(h.feed(frame(child_ep(0), t, {1, 1, 1, 1})).empty());
+  EXPECT_TRUE(h.feed(frame(child_ep(0), hdr(Opcode::contrib, 0, 0, 4), {1, 1, 1, 1})).empty());
+  EXPECT_EQ(h.feed(frame(child_ep(1), hdr(Opcode::contrib, 0, 1, 4), {2, 2, 2, 2})).size(),
+            2u);  // the RESULT to both children
+}
+
 TEST(CoreRefusals, NacksAreNotAnsweredAndNotForUsIsSilent) {
   Harness h;
   ASSERT_TRUE(h.core.install_tree(tree_cfg(2, true)).ok());

@@ -101,6 +101,7 @@ TEST(SwitchConfig, DocExampleLoads) {
   EXPECT_EQ(c.idle_sleep_us, 100u);
   EXPECT_EQ(c.burst, 32u);
   EXPECT_EQ(c.tx_drain_us, 100u);
+  EXPECT_EQ(c.nack_rate, 10000u);
   EXPECT_EQ(c.mbufs, 8192u);
   EXPECT_EQ(c.rx_desc, 1024u);
   EXPECT_EQ(c.tx_desc, 1024u);
@@ -238,6 +239,8 @@ TEST(SwitchConfig, SwitchErrorsNameTheLine) {
       {s + "idle_sleep_us: 1000001\n",
        "line 5: idle_sleep_us must be from 0 to 1000000, got 1000001."},
       {s + "heartbeat_ms: 5\n", "line 5: heartbeat_ms must be from 10 to 60000, got 5."},
+      {s + "nack_rate: 100000001\n",
+       "line 5: nack_rate must be from 0 to 100000000, got 100000001."},
       {s + "rx_desc: 16\n", "line 5: rx_desc must be from 32 to 16384, got 16."},
       {s + "log_level: loud\n",
        "line 5: log_level must be trace, debug, info, warn or error, got \"loud\"."},

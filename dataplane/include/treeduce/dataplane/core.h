@@ -204,6 +204,13 @@ class Core {
   std::uint64_t probes_lost() const noexcept { return probes_lost_; }
   void clear_probes() noexcept { nprobes_ = 0; }
 
+  /// The NACKs this core may send until the next call (none are limited before the first). A
+  /// refusal beyond the budget is counted (its drop reason and Event::nack_suppressed) and
+  /// answered with nothing: a flood of refused CONTRIBs then costs a parse and a count each, not
+  /// a MAC and a frame. The daemon refills it every 100 ms (switch config `nack_rate`). Same
+  /// thread as process_burst().
+  void refill_nacks(std::uint64_t budget) noexcept { nack_budget_ = budget; }
+
  private:
   struct Chunk;  // a CONTRIB's or RESULT's checked header fields and its slot version
 
@@ -238,6 +245,7 @@ class Core {
   std::array<Probe, kMaxProbes> probes_{};
   std::size_t nprobes_ = 0;
   std::uint64_t probes_lost_ = 0;
+  std::uint64_t nack_budget_ = ~std::uint64_t{0};  ///< refill_nacks()
 };
 
 }  // namespace treeduce::dp

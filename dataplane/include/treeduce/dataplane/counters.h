@@ -31,6 +31,7 @@ using proto::name;
   _(result_multicast, "RESULTs multicast to all children (one per chunk and switch)") \
   _(result_unicast,   "RESULTs re-sent to one child on a duplicate contribution")    \
   _(nack_sent,        "NACKs sent")                                                  \
+  _(nack_suppressed,  "NACKs not sent: the core's NACK budget was spent (nack_rate)") \
   _(slot_reused,      "slot versions that held a chunk, reset for a newer chunk")   \
   _(tx_deferred,      "frames left for the next burst: their slot's payload was still unsent")
 // clang-format on
