@@ -306,6 +306,15 @@ std::string check(const SwitchConfig& c, const Lines& lines, bool security = tru
                             (a.ipv4_only ? "A.B.C.D:PORT or localhost:PORT" : "HOST:PORT") +
                             " with a port from " + std::to_string(a.min_port) + " to 65535, got " +
                             quote(*a.v) + ".");
+  // A wildcard listen address is what the agent would advertise otherwise: the manager would
+  // dial 0.0.0.0, i.e. its own machine.
+  const std::string listen_host = c.agent_listen.substr(0, c.agent_listen.rfind(':'));
+  if (!c.manager.empty() && c.agent_advertise.empty() &&
+      (listen_host == "0.0.0.0" || listen_host == "[::]" || listen_host == "::"))
+    return err({&c.agent_listen, &c.manager},
+               "agent_listen " + c.agent_listen +
+                   " is every address of this machine, which the manager cannot dial: give "
+                   "agent_advertise, an address and port it can reach.");
   if (c.log_level != "trace" && c.log_level != "debug" && c.log_level != "info" &&
       c.log_level != "warn" && c.log_level != "error")
     return err({&c.log_level}, "log_level must be trace, debug, info, warn or error, got " +

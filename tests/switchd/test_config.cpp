@@ -296,6 +296,15 @@ TEST(SwitchConfig, SwitchErrorsNameTheLine) {
   };
   for (const auto& [yaml, msg] : cases) EXPECT_EQ(error_of(yaml), "t.yaml: " + msg) << yaml;
   EXPECT_EQ(load(s + "metrics: localhost:0\n").metrics_listen, "localhost:0");
+  // The agent advertised itself as 0.0.0.0:PORT, which the manager dials on its own machine.
+  const std::string managed = s + "manager: 10.0.0.100:9300\ninsecure: true\n";
+  EXPECT_EQ(error_of(managed + "agent_listen: 0.0.0.0:9471\n"),
+            "t.yaml: line 7: agent_listen 0.0.0.0:9471 is every address of this machine, which the "
+            "manager cannot dial: give agent_advertise, an address and port it can reach.");
+  EXPECT_EQ(load(managed + "agent_listen: 0.0.0.0:9471\nagent_advertise: 10.0.0.1:9471\n")
+                .agent_advertise,
+            "10.0.0.1:9471");
+  EXPECT_EQ(load(s + "agent_listen: 0.0.0.0:9471\ninsecure: true\n").manager, "");
 }
 
 TEST(SwitchConfig, TreeErrorsNameTheLine) {
