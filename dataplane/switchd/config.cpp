@@ -212,12 +212,15 @@ std::string must(const std::string& what, std::uint64_t v, std::uint64_t lo, std
 
 bool unicast(const Mac& m) { return (m[0] & 1) == 0 && m != Mac{}; }
 
-// "HOST:PORT" with a port from `min_port`. HOST may be a name: gRPC and the HTTP server resolve it.
-bool host_port(const std::string& s, std::uint16_t min_port) {
+// "HOST:PORT" with a port from `min_port`. HOST may be a name, which gRPC resolves; with
+// `ipv4_only` (the metrics endpoint's HTTP server binds no names) it is dotted IPv4 or localhost.
+bool host_port(const std::string& s, std::uint16_t min_port, bool ipv4_only) {
   const std::size_t colon = s.rfind(':');
   std::uint16_t port = 0;
+  const std::string host = colon == std::string::npos ? "" : s.substr(0, colon);
   return colon != std::string::npos && colon > 0 &&
-         convert(s.substr(colon + 1), port, "").empty() && port >= min_port;
+         convert(s.substr(colon + 1), port, "").empty() && port >= min_port &&
+         (!ipv4_only || host == "localhost" || parse_ipv4(host));
 }
 
 // `security`: whether the TLS settings must be complete (off for a file the command line may
@@ -293,31 +296,46 @@ std::string check(const SwitchConfig& c, const Lines& lines, bool security = tru
     const char* what;
     bool may_be_empty;
     std::uint16_t min_port;
+    bool ipv4_only;
   };
-  const HostPort addresses[] = {{&c.metrics_listen, "metrics", true, 0},
-                                {&c.manager, "manager", true, 1},
-                                {&c.agent_listen, "agent_listen", false, 0},
-                                {&c.agent_advertise, "agent_advertise", true, 1}};
+  const HostPort addresses[] = {{&c.metrics_listen, "metrics", true, 0, true},
+                                {&c.manager, "manager", true, 1, false},
+                                {&c.agent_listen, "agent_listen", false, 0, false},
+                                {&c.agent_advertise, "agent_advertise", true, 1, false}};
   for (const HostPort& a : addresses)
-    if (!(a.may_be_empty && a.v->empty()) && !host_port(*a.v, a.min_port))
+    if (!(a.may_be_empty && a.v->empty()) && !host_port(*a.v, a.min_port, a.ipv4_only))
       return err({a.v}, std::string(a.what) + " must be " + (a.may_be_empty ? "\"\" or " : "") +
-                            "HOST:PORT with a port from " + std::to_string(a.min_port) +
-                            " to 65535, got " + quote(*a.v) + ".");
+                            (a.ipv4_only ? "A.B.C.D:PORT or localhost:PORT" : "HOST:PORT") +
+                            " with a port from " + std::to_string(a.min_port) + " to 65535, got " +
+                            quote(*a.v) + ".");
+  // A wildcard listen address is what the agent would advertise otherwise: the manager would
+  // dial 0.0.0.0, i.e. its own machine.
+  const std::string listen_host = c.agent_listen.substr(0, c.agent_listen.rfind(':'));
+  if (!c.manager.empty() && c.agent_advertise.empty() &&
+      (listen_host == "0.0.0.0" || listen_host == "[::]" || listen_host == "::"))
+    return err({&c.agent_listen, &c.manager},
+               "agent_listen " + c.agent_listen +
+                   " is every address of this machine, which the manager cannot dial: give "
+                   "agent_advertise, an address and port it can reach.");
   if (c.log_level != "trace" && c.log_level != "debug" && c.log_level != "info" &&
       c.log_level != "warn" && c.log_level != "error")
     return err({&c.log_level}, "log_level must be trace, debug, info, warn or error, got " +
                                    quote(c.log_level) + ".");
 
   // A switch that talks to a manager, or serves its agent beyond this machine, needs
-  // certificates or an explicit insecure; a static switch's agent on loopback does not.
+  // certificates or an explicit insecure; a static switch's agent on loopback does not. TLS
+  // settings given are checked whatever the switch does: one or two of the three files would
+  // otherwise be ignored silently, and the agent serve without TLS.
   const bool loopback_agent = c.agent_listen.rfind("127.", 0) == 0 ||
                               c.agent_listen.rfind("localhost:", 0) == 0 ||
                               c.agent_listen.rfind("[::1]:", 0) == 0;
-  if (security && (!c.manager.empty() || !loopback_agent)) {
+  const bool tls_given =
+      !c.tls_ca.empty() || !c.tls_cert.empty() || !c.tls_key.empty() || c.insecure;
+  if (security && (!c.manager.empty() || !loopback_agent || tls_given)) {
     tls::TlsOptions t{c.tls_ca, c.tls_cert, c.tls_key, c.insecure};
     if (const std::string bad = tls::check(t, "tls_ca, tls_cert and tls_key", "insecure: true");
         !bad.empty())
-      return err({&c.tls_ca, &c.insecure, &c.manager}, bad);
+      return err({&c.tls_ca, &c.tls_cert, &c.tls_key, &c.insecure, &c.manager}, bad);
   }
 
   std::set<std::uint16_t> tree_ids;

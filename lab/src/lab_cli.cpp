@@ -2421,7 +2421,9 @@ class Commands final : public LabCommands {
     run_->add_option("-n", ra_.n, "ranks: the first N hosts in topology order (default: all)")
         ->check(CLI::Range(1, 100000));
     run_->add_option("--hosts", hosts_csv_, "ranks on these hosts, in this order: h1,h2,...");
-    run_->add_option("--master-port", ra_.master_port, "MASTER_PORT")->capture_default_str();
+    run_->add_option("--master-port", ra_.master_port, "MASTER_PORT (1 to 65535)")
+        ->check(CLI::Range(1, 65535))
+        ->capture_default_str();
     run_->add_flag("--mpi", ra_.mpi,
                    "start the ranks with Open MPI's mpirun (one orted per host namespace, TCP on "
                    "the management network)");

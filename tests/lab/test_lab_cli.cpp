@@ -500,6 +500,15 @@ TEST_F(LabCli, BadInputOneSentenceNothingLeft) {
       << r.err;
   EXPECT_FALSE(fs::exists(root_ + "/" + n));
 
+  // A MASTER_PORT no rank could listen on (it was handed to the ranks as it was).
+  for (const char* port : {"0", "65536"}) {
+    r = lab({"run", "--name", n, "--master-port", port, "--", "true"});
+    EXPECT_EQ(r.status, 2) << port;
+    EXPECT_NE(r.err.find("--master-port: Value " + std::string(port) + " not in range 1 to 65535"),
+              std::string::npos)
+        << r.err;
+  }
+
   // No lab of that name.
   r = lab({"exec", "--name", n, "h0", "--", "true"});
   EXPECT_EQ(r.status, 1);

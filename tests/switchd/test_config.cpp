@@ -247,8 +247,12 @@ TEST(SwitchConfig, SwitchErrorsNameTheLine) {
       {s + "manager: localhost\n",
        "line 5: manager must be \"\" or HOST:PORT with a port from 1 to 65535, got \"localhost\"."},
       {s + "metrics: 127.0.0.1\n",
-       "line 5: metrics must be \"\" or HOST:PORT with a port from 0 to 65535, got "
-       "\"127.0.0.1\"."},
+       "line 5: metrics must be \"\" or A.B.C.D:PORT or localhost:PORT with a port from 0 to "
+       "65535, got \"127.0.0.1\"."},
+      // The HTTP server binds no names: this was accepted, then stopped the started switch.
+      {s + "metrics: metrics.example:9470\n",
+       "line 5: metrics must be \"\" or A.B.C.D:PORT or localhost:PORT with a port from 0 to "
+       "65535, got \"metrics.example:9470\"."},
       {s + "agent_listen: \"\"\n",
        "line 5: agent_listen must be HOST:PORT with a port from 0 to 65535, got \"\"."},
       {s + "deterministic_allowed: maybe\n",
@@ -294,6 +298,16 @@ TEST(SwitchConfig, SwitchErrorsNameTheLine) {
       {s + "lcores: 1\n", "line 5: lcores must be a list."},
   };
   for (const auto& [yaml, msg] : cases) EXPECT_EQ(error_of(yaml), "t.yaml: " + msg) << yaml;
+  EXPECT_EQ(load(s + "metrics: localhost:0\n").metrics_listen, "localhost:0");
+  // The agent advertised itself as 0.0.0.0:PORT, which the manager dials on its own machine.
+  const std::string managed = s + "manager: 10.0.0.100:9300\ninsecure: true\n";
+  EXPECT_EQ(error_of(managed + "agent_listen: 0.0.0.0:9471\n"),
+            "t.yaml: line 7: agent_listen 0.0.0.0:9471 is every address of this machine, which the "
+            "manager cannot dial: give agent_advertise, an address and port it can reach.");
+  EXPECT_EQ(load(managed + "agent_listen: 0.0.0.0:9471\nagent_advertise: 10.0.0.1:9471\n")
+                .agent_advertise,
+            "10.0.0.1:9471");
+  EXPECT_EQ(load(s + "agent_listen: 0.0.0.0:9471\ninsecure: true\n").manager, "");
 }
 
 TEST(SwitchConfig, TreeErrorsNameTheLine) {
@@ -381,7 +395,8 @@ TEST(SwitchConfig, ValidateWithoutAFile) {
   c.lcores = {3};
   c.metrics_listen = "off";  // only the readers translate "off"
   EXPECT_EQ(validate(c),
-            "metrics must be \"\" or HOST:PORT with a port from 0 to 65535, got \"off\".");
+            "metrics must be \"\" or A.B.C.D:PORT or localhost:PORT with a port from 0 to 65535, "
+            "got \"off\".");
   c.metrics_listen = "";
   StaticTree t;
   t.tree.children = {{.addr = {{}, 0x0A010001, 1}, .hosts = 1}};
@@ -623,4 +638,15 @@ TEST_F(ConfigArgs, ManagerNeedsCertificatesOrInsecure) {
   EXPECT_NE(refused({"--config", open.c_str()}).find("no TLS certificates"), std::string::npos);
   const std::string local = write("local.yaml", kSwitch);
   EXPECT_TRUE(args({"--config", local.c_str()}).config.has_value());
+  // A static switch on loopback needs neither, but what it is given must be whole: one file
+  // alone was ignored, and the agent served without TLS.
+  EXPECT_EQ(refused({"--config", local.c_str(), "--tls-ca", "/ca.pem"}),
+            "give all of tls_ca, tls_cert and tls_key (a CA, a certificate and its key).");
+  EXPECT_EQ(error_of(kSwitch + "tls_key: /k.pem\n"),
+            "t.yaml: line 5: give all of tls_ca, tls_cert and tls_key (a CA, a certificate and "
+            "its key).");
+  EXPECT_EQ(refused({"--config", local.c_str(), "--insecure", "--tls-ca", "/a", "--tls-cert", "/b",
+                     "--tls-key", "/c"}),
+            "both certificates and insecure: true are given; choose one.");
+  EXPECT_TRUE(args({"--config", local.c_str(), "--insecure"}).config.has_value());
 }
