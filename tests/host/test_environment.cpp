@@ -193,9 +193,25 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   set("TREEDUCE_DETERMINISTIC", "yes");
   expect_error("TREEDUCE_DETERMINISTIC is 'yes', not a whole number from 0 to 1.");
   set("TREEDUCE_DETERMINISTIC", "0");
+  // The sentence docs/host.md quotes, the same as tdr_comm_create()'s.
+  set("TREEDUCE_INSECURE", "yes");
+  expect_error("TREEDUCE_INSECURE is 'yes'; it must be 0 or 1.");
+  set("TREEDUCE_INSECURE", "0");
+  // Addresses are IPv4, not names: a bad one is refused here, not found later as a fallback.
+  set("TREEDUCE_BIND", "h3");
+  expect_error("TREEDUCE_BIND is 'h3', not an IPv4 address (10.1.0.4).");
+  set("TREEDUCE_BIND", "10.1.0.256");
+  expect_error("TREEDUCE_BIND is '10.1.0.256', not an IPv4 address");
+  set("TREEDUCE_BIND", "10.1.0.4");
+  set("TREEDUCE_FALLBACK_ADDRESS", "mgmt0");
+  expect_error("TREEDUCE_FALLBACK_ADDRESS is 'mgmt0', not an IPv4 address (10.1.0.4).");
+  set("TREEDUCE_FALLBACK_ADDRESS", "10.2.0.4");
   Options o;
   ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.path, Path::host);
+  EXPECT_EQ(o.bind_address, "10.1.0.4");
+  EXPECT_EQ(o.fallback_address, "10.2.0.4");
+  EXPECT_FALSE(o.insecure);
   EXPECT_EQ(o.port, 50000);
   EXPECT_EQ(o.slots, 32u);
   EXPECT_EQ(o.payload_bytes, 4096u);
