@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +92,14 @@ std::string dtype_op(DType d, ReduceOp op) {
   return std::string(name(d)) + " " + std::string(name(op));
 }
 
+// A count whose bytes do not fit a size_t is no buffer (it would wrap to a small size).
+treeduce::Status check_count(std::size_t count, DType dtype) {
+  if (count > SIZE_MAX / dtype_size(dtype))
+    return invalid_argument("The count " + std::to_string(count) + " of " +
+                            std::string(name(dtype)) + " is more bytes than memory can hold.");
+  return treeduce::Status::Ok();
+}
+
 // Why an operation cannot start, or ok.
 treeduce::Status check_operation(const void* send, const void* recv, std::size_t count, DType dtype,
                                  ReduceOp op) {
@@ -105,6 +114,7 @@ treeduce::Status check_operation(const void* send, const void* recv, std::size_t
                             " is not a reduction: " + std::string(op_refusal(dtype, op)) + ".");
   if (count != 0 && (send == nullptr || recv == nullptr))
     return invalid_argument("The send or receive buffer is null.");
+  if (auto s = check_count(count, dtype); !s.ok()) return s;
   return treeduce::Status::Ok();
 }
 
@@ -112,6 +122,9 @@ bool has(std::uint32_t mask, unsigned bit) { return (mask >> bit & 1u) != 0; }
 
 // Whether masks offload a pair: both bits and a defined pair (manager.proto Assignment).
 bool mask_offloads(std::uint32_t dtypes, std::uint32_t ops, DType d, ReduceOp op) {
+  // A value outside the enums (a cast from an int) is no pair, and no shift beyond the mask.
+  if (static_cast<std::size_t>(d) >= kNumDTypes || static_cast<std::size_t>(op) >= kNumReduceOps)
+    return false;
   return has(dtypes, static_cast<unsigned>(d)) && has(ops, static_cast<unsigned>(op)) &&
          op_defined(d, op);
 }
@@ -286,10 +299,10 @@ class CommunicatorImpl final : public Communicator {
   Result reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                 std::uint32_t root) override {
     if (root >= opt_.world_size) return report(not_a_rank(root));
-    // An unknown dtype fails in allreduce(), with its sentence, before any scratch is sized.
-    if (opt_.rank == root || static_cast<std::size_t>(dtype) >= kNumDTypes) {
-      return allreduce(send, recv, count, dtype, op);
-    }
+    if (opt_.rank == root) return allreduce(send, recv, count, dtype, op);
+    // Every check before the scratch is sized (a non-root's recv may be null).
+    if (auto s = check_operation(send, recv != nullptr ? recv : send, count, dtype, op); !s.ok())
+      return report(s);
     // A non-root reduces into scratch: its recv is never written and may be null.
     std::vector<std::uint8_t> scratch(count * dtype_size(dtype));
     return allreduce(send, scratch.data(), count, dtype, op);
@@ -302,6 +315,7 @@ class CommunicatorImpl final : public Communicator {
                                      " is not a DType."));
     }
     if (count != 0 && buf == nullptr) return report(invalid_argument("The buffer is null."));
+    if (auto s = check_count(count, dtype); !s.ok()) return report(s);
     // An int32 sum of the root's bytes and everyone else's zeros is the root's bytes, exactly,
     // for any bit pattern (a wrapping integer sum with zeros is the identity). Padding to whole
     // int32s costs a copy of the buffer each way.
@@ -770,6 +784,10 @@ std::unique_ptr<Communicator> Communicator::create(const Options& opt, Result* r
   if (opt.world_size == 0 || opt.rank >= opt.world_size) {
     s = invalid_argument("The rank " + std::to_string(opt.rank) + " is not below the world size " +
                          std::to_string(opt.world_size) + ".");
+  } else if (opt.job.empty()) {
+    // The job names the manager's job and the host path's rendezvous: without one, unrelated
+    // programs would meet in the same store.
+    s = invalid_argument("The job name is empty; give every rank of the job the same name.");
   } else if (opt.path != Path::auto_select && opt.path != Path::network && opt.path != Path::host) {
     s = invalid_argument("The path " + std::to_string(static_cast<int>(opt.path)) +
                          " is not auto, network or host.");

@@ -68,6 +68,12 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   opt.world_size = 1;
   CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
   CHECK(strstr(tdr_last_error(NULL), "world size") != NULL);
+  /* A job name is required: unrelated programs would otherwise share the host path's store. */
+  tdr_options_init(&opt);
+  opt.path = tdr_path_host;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strcmp(tdr_last_error(NULL),
+               "The job name is empty; give every rank of the job the same name.") == 0);
   /* TREEDUCE_INSECURE is 0 or 1: anything else is refused, not read as 0. */
   tdr_options_init(&opt);
   opt.job = "c-api";
@@ -96,7 +102,11 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
     CHECK(tdr_comm_rank(comm, &r) == tdr_ok && r == 0);
     CHECK(tdr_comm_size(comm, &n) == tdr_ok && n == 1);
     CHECK(tdr_comm_rank(NULL, &r) == tdr_invalid_argument);
+    CHECK(strcmp(tdr_last_error(NULL), "The communicator is NULL.") == 0);
     CHECK(tdr_comm_size(comm, NULL) == tdr_invalid_argument);
+    CHECK(strcmp(tdr_last_error(comm), "The size pointer is NULL.") == 0);
+    CHECK(tdr_comm_rank(comm, NULL) == tdr_invalid_argument);
+    CHECK(strcmp(tdr_last_error(comm), "The rank pointer is NULL.") == 0);
   }
   for (i = 0; i < 300; ++i) in[i] = (int32_t)(i * 7919) - 1000000;
   memset(out, 0, sizeof out);
@@ -126,6 +136,13 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   CHECK(tdr_iallreduce(comm, in, out, 1, tdr_i32, tdr_sum, NULL) == tdr_invalid_argument);
   CHECK(tdr_reduce(comm, in, out, 1, tdr_i32, tdr_sum, 5) == tdr_invalid_argument);
   CHECK(tdr_get_stats(comm, NULL) == tdr_invalid_argument);
+  /* A count whose bytes overflow size_t is refused before anything is read or allocated. */
+  CHECK(tdr_allreduce(comm, in, out, SIZE_MAX / 2, tdr_i32, tdr_sum) == tdr_invalid_argument);
+  CHECK(strstr(tdr_last_error(comm), "is more bytes than memory can hold") != NULL);
+  CHECK(tdr_broadcast(comm, in, SIZE_MAX / 4, tdr_f64, 0) == tdr_invalid_argument);
+  CHECK(strstr(tdr_last_error(comm), "of f64 is more bytes") != NULL);
+  CHECK(strcmp(tdr_path_reason(NULL), "The communicator is NULL.") == 0);
+  CHECK(tdr_path(NULL) == tdr_path_host);
 
   CHECK(tdr_barrier(comm) == tdr_ok);
   CHECK(strcmp(tdr_last_error(comm), "") == 0); /* a success clears the last error */
