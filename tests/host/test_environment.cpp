@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "debug_env.h"
 #include "environment.h"
 #include "treeduce/host/communicator.h"
 
@@ -494,4 +495,13 @@ TEST_F(Environment, BadStaticTreeValuesSaySo) {
   expect_error(
       "TREEDUCE_STATIC_TREE_ID is set but TREEDUCE_STATIC_LEAF is not: a static tree starts with "
       "its leaf switch's data address.");
+}
+
+// TREEDUCE_DEBUG: set to anything but "" or "0".
+TEST(DebugVariable, EmptyAndZeroAreOff) {
+  EXPECT_FALSE(treeduce::host::debug_on(nullptr));
+  EXPECT_FALSE(treeduce::host::debug_on(""));
+  EXPECT_FALSE(treeduce::host::debug_on("0"));
+  EXPECT_TRUE(treeduce::host::debug_on("1"));
+  EXPECT_TRUE(treeduce::host::debug_on("yes"));
 }
