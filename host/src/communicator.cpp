@@ -703,6 +703,31 @@ std::string manager_tls_problem(const Options& o) {
 
 // "" when `a` is HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one, PORT 1..65535),
 // else why not. Without a port gRPC would dial 443, the HTTPS port, and fail much later.
+// Why a static tree given in code cannot be a switch's (the environment's parser applies the same
+// rules to TREEDUCE_STATIC_*), or "": a programming error, refused on every path rather than
+// fallen back from with auto.
+std::string static_tree_problem(const TreeAssignment& t) {
+  const std::string& a = t.leaf_address;
+  const auto colon = a.rfind(':');
+  in_addr ip{};
+  unsigned long port = 0;
+  bool port_ok = colon != std::string::npos && colon + 1 < a.size() && a.size() - colon <= 6;
+  for (std::size_t i = colon + 1; port_ok && i < a.size(); ++i) {
+    port_ok = a[i] >= '0' && a[i] <= '9';
+    port = port * 10 + static_cast<unsigned long>(a[i] - '0');
+  }
+  if (!port_ok || port == 0 || port > 65535 ||
+      inet_pton(AF_INET, a.substr(0, colon).c_str(), &ip) != 1)
+    return "The static tree's leaf address '" + a +
+           "' is not the leaf switch's data address as IPv4:PORT (10.0.1.1:4791).";
+  if (auto bad = proto::check_slots(t.slots)) return "The static tree's " + *bad;
+  if (auto bad = proto::check_payload_bytes(t.payload_bytes)) return "The static tree's " + *bad;
+  if (t.child_index >= proto::kMaxChildren)
+    return "The static tree's child index " + std::to_string(t.child_index) + " is not below " +
+           std::to_string(proto::kMaxChildren) + ".";
+  return {};
+}
+
 std::string manager_address_problem(const std::string& a) {
   // gRPC's own target syntax (unix:/path, dns:///host:port, ipv4:..., ...) is gRPC's to check.
   for (const char* scheme : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:"})
@@ -794,6 +819,12 @@ std::unique_ptr<Communicator> Communicator::create(const Options& opt, Result* r
   } else if (std::string why = opt.manager.empty() ? "" : manager_address_problem(opt.manager);
              !why.empty()) {
     s = invalid_argument(why);
+  } else if (std::string wrong = !opt.manager.empty() || opt.path == Path::host ||
+                                         opt.static_tree.leaf_address.empty()
+                                     ? ""
+                                     : static_tree_problem(opt.static_tree);
+             !wrong.empty()) {
+    s = invalid_argument(wrong);
   } else if (std::string bad =
                  opt.manager.empty() || opt.path == Path::host ? "" : manager_tls_problem(opt);
              !bad.empty()) {

@@ -82,6 +82,23 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   CHECK(strcmp(tdr_last_error(NULL), "TREEDUCE_INSECURE is 'yes'; it must be 0 or 1.") == 0);
   unsetenv("TREEDUCE_INSECURE");
 
+  /* A static tree no switch can have is refused on every path, auto too (not fallen back from). */
+  tdr_options_init(&opt);
+  opt.job = "c-api";
+  opt.static_leaf_address = leaf_address;
+  opt.static_slots = 3;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strcmp(tdr_last_error(NULL),
+               "The static tree's slots must be a power of two from 1 to 4096, got 3.") == 0);
+  opt.static_slots = 8;
+  opt.static_child_index = 64;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strcmp(tdr_last_error(NULL), "The static tree's child index 64 is not below 64.") == 0);
+  opt.static_child_index = 0;
+  opt.static_leaf_address = "leaf0:4791";
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strstr(tdr_last_error(NULL), "leaf address 'leaf0:4791' is not") != NULL);
+
   /* One rank on the fake switch's static tree. */
   tdr_options_init(&opt);
   opt.job = "c-api";

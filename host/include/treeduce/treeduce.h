@@ -118,7 +118,9 @@ typedef struct tdr_options {
   uint32_t op_timeout_ms;     /**< one collective */
   const char* fallback_store; /**< host-side rendezvous directory; NULL: /tmp/treeduce-gloo-<job> */
   const char* fallback_address; /**< IPv4 for host-side reduction's TCP; NULL: bind_address */
-  /** A tree given directly (no manager), used when manager is NULL and this is not. */
+  /** A tree given directly (no manager), used when manager is NULL and this is not: the leaf's
+   * "IPv4:PORT". A static tree no switch could hold (this address, slots, payload bytes, a child
+   * index of 64 or more) is tdr_invalid_argument at creation, unless the path is host. */
   const char* static_leaf_address;
   uint16_t static_tree_id;       /**< static tree: tree id */
   uint64_t static_key;           /**< static tree: job key */
