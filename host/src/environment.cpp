@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <climits>
 #include <cstdlib>
@@ -59,6 +60,19 @@ treeduce::Status ipv4(const Var& v) {
   if (inet_pton(AF_INET, v.value.c_str(), &a) != 1)
     return invalid_argument(std::string(v.name) + " is '" + v.value +
                             "', not an IPv4 address (10.1.0.4).");
+  return treeduce::Status::Ok();
+}
+
+// An Ethernet address as six hexadecimal pairs separated by colons (TREEDUCE_LEAF_MAC,
+// TREEDUCE_LOCAL_MAC): refused here whatever the transport, rather than when dpdk or verbs opens.
+treeduce::Status mac(const Var& v) {
+  const std::string& m = v.value;
+  bool ok = m.size() == 17;
+  for (std::size_t i = 0; ok && i < m.size(); ++i)
+    ok = i % 3 == 2 ? m[i] == ':' : std::isxdigit(static_cast<unsigned char>(m[i])) != 0;
+  if (!ok)
+    return invalid_argument(std::string(v.name) + " is '" + m +
+                            "', not a MAC address (02:00:00:00:00:01).");
   return treeduce::Status::Ok();
 }
 
@@ -122,8 +136,14 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
     if (auto s = number(v, 0, 1, &x); !s.ok()) return s;
     t->dpdk_tx_copy = x != 0;
   }
-  if (const Var v = var({"TREEDUCE_LOCAL_MAC"}); v.name) t->local_mac = v.value;
-  if (const Var v = var({"TREEDUCE_LEAF_MAC"}); v.name) t->leaf_mac = v.value;
+  if (const Var v = var({"TREEDUCE_LOCAL_MAC"}); v.name) {
+    if (auto s = mac(v); !s.ok()) return s;
+    t->local_mac = v.value;
+  }
+  if (const Var v = var({"TREEDUCE_LEAF_MAC"}); v.name) {
+    if (auto s = mac(v); !s.ok()) return s;
+    t->leaf_mac = v.value;
+  }
   if (const Var v = var({"TREEDUCE_BUSY_POLL_US"}); v.name) {
     if (auto s = number(v, 0, 10000, &x); !s.ok()) return s;
     t->busy_poll_us = std::uint32_t(x);

@@ -314,6 +314,19 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
     expect_error(std::string(name) + " is '" + value + "', not a whole number from ");
     set(name, before.c_str());
   }
+  // MACs are refused whatever the transport, not only when dpdk or verbs opens.
+  for (const char* name : {"TREEDUCE_LEAF_MAC", "TREEDUCE_LOCAL_MAC"}) {
+    const std::string before = vars[name];
+    for (const char* value : {"02:00:00:00:00", "02-00-00-00-00-02", "02:00:00:00:00:0g"}) {
+      set(name, value);
+      expect_error(std::string(name) + " is '" + value +
+                   "', not a MAC address (02:00:00:00:00:01).");
+    }
+    set(name, "0A:bc:00:00:00:02");
+    Options m;
+    ASSERT_TRUE(parse(&m).ok());
+    set(name, before.c_str());
+  }
 
   // tdr_comm_create()'s part: only the transport's variables, the rest untouched.
   TransportOptions t;
