@@ -809,6 +809,12 @@ std::unique_ptr<Communicator> Communicator::create(const Options& opt, Result* r
   if (opt.world_size == 0 || opt.rank >= opt.world_size) {
     s = invalid_argument("The rank " + std::to_string(opt.rank) + " is not below the world size " +
                          std::to_string(opt.world_size) + ".");
+  } else if (opt.join_timeout_ms == 0 || opt.op_timeout_ms == 0) {
+    // 0 is not "no bound": every wait in the library is bounded, and 0 would fail every join or
+    // every in-network operation at once.
+    s = invalid_argument(
+        std::string(opt.join_timeout_ms == 0 ? "join_timeout_ms" : "op_timeout_ms") +
+        " is 0; give a bound in milliseconds (the defaults are 30000 and 60000).");
   } else if (opt.job.empty()) {
     // The job names the manager's job and the host path's rendezvous: without one, unrelated
     // programs would meet in the same store.

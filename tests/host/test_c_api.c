@@ -68,6 +68,17 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   opt.world_size = 1;
   CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
   CHECK(strstr(tdr_last_error(NULL), "world size") != NULL);
+  /* Timeouts of 0 are not "no bound": refused. */
+  tdr_options_init(&opt);
+  opt.job = "c-api";
+  opt.op_timeout_ms = 0;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strcmp(tdr_last_error(NULL), "op_timeout_ms is 0; give a bound in milliseconds (the "
+                                     "defaults are 30000 and 60000).") == 0);
+  opt.op_timeout_ms = 60000;
+  opt.join_timeout_ms = 0;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strstr(tdr_last_error(NULL), "join_timeout_ms is 0") != NULL);
   /* A job name is required: unrelated programs would otherwise share the host path's store. */
   tdr_options_init(&opt);
   opt.path = tdr_path_host;
