@@ -115,6 +115,13 @@ treeduce::Status check_operation(const void* send, const void* recv, std::size_t
   if (count != 0 && (send == nullptr || recv == nullptr))
     return invalid_argument("The send or receive buffer is null.");
   if (auto s = check_count(count, dtype); !s.ok()) return s;
+  // In place is the same buffer; a partial overlap would read results as inputs.
+  const auto a = reinterpret_cast<std::uintptr_t>(send);
+  const auto b = reinterpret_cast<std::uintptr_t>(recv);
+  const std::size_t bytes = count * dtype_size(dtype);
+  if (a != b && bytes != 0 && a < b + bytes && b < a + bytes)
+    return invalid_argument(
+        "The send and receive buffers overlap without being the same buffer (in place).");
   return treeduce::Status::Ok();
 }
 
@@ -300,9 +307,9 @@ class CommunicatorImpl final : public Communicator {
                 std::uint32_t root) override {
     if (root >= opt_.world_size) return report(not_a_rank(root));
     if (opt_.rank == root) return allreduce(send, recv, count, dtype, op);
-    // Every check before the scratch is sized (a non-root's recv may be null).
-    if (auto s = check_operation(send, recv != nullptr ? recv : send, count, dtype, op); !s.ok())
-      return report(s);
+    // Every check before the scratch is sized. A non-root's recv is never looked at: it may be
+    // null, or anything, as MPI_Reduce's recvbuf on a non-root.
+    if (auto s = check_operation(send, send, count, dtype, op); !s.ok()) return report(s);
     // A non-root reduces into scratch: its recv is never written and may be null.
     std::vector<std::uint8_t> scratch(count * dtype_size(dtype));
     return allreduce(send, scratch.data(), count, dtype, op);

@@ -4,8 +4,8 @@
  * Driven by test_communicator.cpp (CApi.AllreduceAndErrors), which runs the fake switch and
  * passes its address. Returns 0, or a non-zero line number with a sentence in `message`. */
 #include <stdint.h>
-#include <stdlib.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "treeduce/treeduce.h"
@@ -73,8 +73,9 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   opt.job = "c-api";
   opt.op_timeout_ms = 0;
   CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
-  CHECK(strcmp(tdr_last_error(NULL), "op_timeout_ms is 0; give a bound in milliseconds (the "
-                                     "defaults are 30000 and 60000).") == 0);
+  CHECK(strcmp(tdr_last_error(NULL),
+               "op_timeout_ms is 0; give a bound in milliseconds (the "
+               "defaults are 30000 and 60000).") == 0);
   opt.op_timeout_ms = 60000;
   opt.join_timeout_ms = 0;
   CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
@@ -164,6 +165,12 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   CHECK(tdr_iallreduce(comm, in, out, 1, tdr_i32, tdr_sum, NULL) == tdr_invalid_argument);
   CHECK(tdr_reduce(comm, in, out, 1, tdr_i32, tdr_sum, 5) == tdr_invalid_argument);
   CHECK(tdr_get_stats(comm, NULL) == tdr_invalid_argument);
+  /* Buffers that overlap without being the same: refused (in place is send == recv). */
+  CHECK(tdr_allreduce(comm, in, in + 1, 4, tdr_i32, tdr_sum) == tdr_invalid_argument);
+  CHECK(strcmp(tdr_last_error(comm),
+               "The send and receive buffers overlap without being the "
+               "same buffer (in place).") == 0);
+  CHECK(tdr_allreduce(comm, in + 4, in, 4, tdr_i32, tdr_sum) == tdr_ok); /* adjacent: fine */
   /* A count whose bytes overflow size_t is refused before anything is read or allocated. */
   CHECK(tdr_allreduce(comm, in, out, SIZE_MAX / 2, tdr_i32, tdr_sum) == tdr_invalid_argument);
   CHECK(strstr(tdr_last_error(comm), "is more bytes than memory can hold") != NULL);
@@ -175,7 +182,7 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   CHECK(tdr_barrier(comm) == tdr_ok);
   CHECK(strcmp(tdr_last_error(comm), "") == 0); /* a success clears the last error */
   CHECK(tdr_get_stats(comm, &stats) == tdr_ok);
-  CHECK(stats.network_ops == 6 && stats.fallback_ops == 0);
+  CHECK(stats.network_ops == 7 && stats.fallback_ops == 0);
   CHECK(strcmp(tdr_fallback_reason(comm), "") == 0);
 
   /* Every type and operation: offloaded when defined (the static tree allows every code),
