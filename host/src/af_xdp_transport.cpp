@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "debug_env.h"
 #include "next_hop.h"
 #include "treeduce/protocol/wire.h"
 
@@ -147,7 +148,7 @@ class AfXdpTransport final : public Transport {
   ~AfXdpTransport() override {
     // What the kernel dropped on the way to the socket, with TREEDUCE_DEBUG (docs/host.md,
     // "Logging").
-    if (xsk_ != nullptr && std::getenv("TREEDUCE_DEBUG") != nullptr) {
+    if (xsk_ != nullptr && debug_on(std::getenv("TREEDUCE_DEBUG"))) {
       xdp_statistics st{};
       socklen_t len = sizeof st;
       if (getsockopt(xsk_socket__fd(xsk_), SOL_XDP, XDP_STATISTICS, &st, &len) == 0) {

@@ -285,13 +285,15 @@ tdr_result_t tdr_barrier(tdr_comm_t* comm) {
 }
 
 tdr_result_t tdr_comm_rank(const tdr_comm_t* comm, uint32_t* rank) {
-  if (comm == nullptr || rank == nullptr) return tdr_invalid_argument;
+  if (comm == nullptr) return null_comm();
+  if (rank == nullptr) return fail(comm, tdr_invalid_argument, "The rank pointer is NULL.");
   *rank = comm->impl->rank();
   return tdr_ok;
 }
 
 tdr_result_t tdr_comm_size(const tdr_comm_t* comm, uint32_t* size) {
-  if (comm == nullptr || size == nullptr) return tdr_invalid_argument;
+  if (comm == nullptr) return null_comm();
+  if (size == nullptr) return fail(comm, tdr_invalid_argument, "The size pointer is NULL.");
   *size = comm->impl->world_size();
   return tdr_ok;
 }

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +92,14 @@ std::string dtype_op(DType d, ReduceOp op) {
   return std::string(name(d)) + " " + std::string(name(op));
 }
 
+// A count whose bytes do not fit a size_t is no buffer (it would wrap to a small size).
+treeduce::Status check_count(std::size_t count, DType dtype) {
+  if (count > SIZE_MAX / dtype_size(dtype))
+    return invalid_argument("The count " + std::to_string(count) + " of " +
+                            std::string(name(dtype)) + " is more bytes than memory can hold.");
+  return treeduce::Status::Ok();
+}
+
 // Why an operation cannot start, or ok.
 treeduce::Status check_operation(const void* send, const void* recv, std::size_t count, DType dtype,
                                  ReduceOp op) {
@@ -105,6 +114,14 @@ treeduce::Status check_operation(const void* send, const void* recv, std::size_t
                             " is not a reduction: " + std::string(op_refusal(dtype, op)) + ".");
   if (count != 0 && (send == nullptr || recv == nullptr))
     return invalid_argument("The send or receive buffer is null.");
+  if (auto s = check_count(count, dtype); !s.ok()) return s;
+  // In place is the same buffer; a partial overlap would read results as inputs.
+  const auto a = reinterpret_cast<std::uintptr_t>(send);
+  const auto b = reinterpret_cast<std::uintptr_t>(recv);
+  const std::size_t bytes = count * dtype_size(dtype);
+  if (a != b && bytes != 0 && a < b + bytes && b < a + bytes)
+    return invalid_argument(
+        "The send and receive buffers overlap without being the same buffer (in place).");
   return treeduce::Status::Ok();
 }
 
@@ -112,6 +129,9 @@ bool has(std::uint32_t mask, unsigned bit) { return (mask >> bit & 1u) != 0; }
 
 // Whether masks offload a pair: both bits and a defined pair (manager.proto Assignment).
 bool mask_offloads(std::uint32_t dtypes, std::uint32_t ops, DType d, ReduceOp op) {
+  // A value outside the enums (a cast from an int) is no pair, and no shift beyond the mask.
+  if (static_cast<std::size_t>(d) >= kNumDTypes || static_cast<std::size_t>(op) >= kNumReduceOps)
+    return false;
   return has(dtypes, static_cast<unsigned>(d)) && has(ops, static_cast<unsigned>(op)) &&
          op_defined(d, op);
 }
@@ -286,10 +306,10 @@ class CommunicatorImpl final : public Communicator {
   Result reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                 std::uint32_t root) override {
     if (root >= opt_.world_size) return report(not_a_rank(root));
-    // An unknown dtype fails in allreduce(), with its sentence, before any scratch is sized.
-    if (opt_.rank == root || static_cast<std::size_t>(dtype) >= kNumDTypes) {
-      return allreduce(send, recv, count, dtype, op);
-    }
+    if (opt_.rank == root) return allreduce(send, recv, count, dtype, op);
+    // Every check before the scratch is sized. A non-root's recv is never looked at: it may be
+    // null, or anything, as MPI_Reduce's recvbuf on a non-root.
+    if (auto s = check_operation(send, send, count, dtype, op); !s.ok()) return report(s);
     // A non-root reduces into scratch: its recv is never written and may be null.
     std::vector<std::uint8_t> scratch(count * dtype_size(dtype));
     return allreduce(send, scratch.data(), count, dtype, op);
@@ -302,6 +322,7 @@ class CommunicatorImpl final : public Communicator {
                                      " is not a DType."));
     }
     if (count != 0 && buf == nullptr) return report(invalid_argument("The buffer is null."));
+    if (auto s = check_count(count, dtype); !s.ok()) return report(s);
     // An int32 sum of the root's bytes and everyone else's zeros is the root's bytes, exactly,
     // for any bit pattern (a wrapping integer sum with zeros is the identity). Padding to whole
     // int32s costs a copy of the buffer each way.
@@ -689,6 +710,31 @@ std::string manager_tls_problem(const Options& o) {
 
 // "" when `a` is HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one, PORT 1..65535),
 // else why not. Without a port gRPC would dial 443, the HTTPS port, and fail much later.
+// Why a static tree given in code cannot be a switch's (the environment's parser applies the same
+// rules to TREEDUCE_STATIC_*), or "": a programming error, refused on every path rather than
+// fallen back from with auto.
+std::string static_tree_problem(const TreeAssignment& t) {
+  const std::string& a = t.leaf_address;
+  const auto colon = a.rfind(':');
+  in_addr ip{};
+  unsigned long port = 0;
+  bool port_ok = colon != std::string::npos && colon + 1 < a.size() && a.size() - colon <= 6;
+  for (std::size_t i = colon + 1; port_ok && i < a.size(); ++i) {
+    port_ok = a[i] >= '0' && a[i] <= '9';
+    port = port * 10 + static_cast<unsigned long>(a[i] - '0');
+  }
+  if (!port_ok || port == 0 || port > 65535 ||
+      inet_pton(AF_INET, a.substr(0, colon).c_str(), &ip) != 1)
+    return "The static tree's leaf address '" + a +
+           "' is not the leaf switch's data address as IPv4:PORT (10.0.1.1:4791).";
+  if (auto bad = proto::check_slots(t.slots)) return "The static tree's " + *bad;
+  if (auto bad = proto::check_payload_bytes(t.payload_bytes)) return "The static tree's " + *bad;
+  if (t.child_index >= proto::kMaxChildren)
+    return "The static tree's child index " + std::to_string(t.child_index) + " is not below " +
+           std::to_string(proto::kMaxChildren) + ".";
+  return {};
+}
+
 std::string manager_address_problem(const std::string& a) {
   // gRPC's own target syntax (unix:/path, dns:///host:port, ipv4:..., ...) is gRPC's to check.
   for (const char* scheme : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:"})
@@ -770,12 +816,28 @@ std::unique_ptr<Communicator> Communicator::create(const Options& opt, Result* r
   if (opt.world_size == 0 || opt.rank >= opt.world_size) {
     s = invalid_argument("The rank " + std::to_string(opt.rank) + " is not below the world size " +
                          std::to_string(opt.world_size) + ".");
+  } else if (opt.join_timeout_ms == 0 || opt.op_timeout_ms == 0) {
+    // 0 is not "no bound": every wait in the library is bounded, and 0 would fail every join or
+    // every in-network operation at once.
+    s = invalid_argument(
+        std::string(opt.join_timeout_ms == 0 ? "join_timeout_ms" : "op_timeout_ms") +
+        " is 0; give a bound in milliseconds (the defaults are 30000 and 60000).");
+  } else if (opt.job.empty()) {
+    // The job names the manager's job and the host path's rendezvous: without one, unrelated
+    // programs would meet in the same store.
+    s = invalid_argument("The job name is empty; give every rank of the job the same name.");
   } else if (opt.path != Path::auto_select && opt.path != Path::network && opt.path != Path::host) {
     s = invalid_argument("The path " + std::to_string(static_cast<int>(opt.path)) +
                          " is not auto, network or host.");
   } else if (std::string why = opt.manager.empty() ? "" : manager_address_problem(opt.manager);
              !why.empty()) {
     s = invalid_argument(why);
+  } else if (std::string wrong = !opt.manager.empty() || opt.path == Path::host ||
+                                         opt.static_tree.leaf_address.empty()
+                                     ? ""
+                                     : static_tree_problem(opt.static_tree);
+             !wrong.empty()) {
+    s = invalid_argument(wrong);
   } else if (std::string bad =
                  opt.manager.empty() || opt.path == Path::host ? "" : manager_tls_problem(opt);
              !bad.empty()) {

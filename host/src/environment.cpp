@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <climits>
 #include <cstdlib>
@@ -49,6 +50,29 @@ treeduce::Status power_of_two(const Var& v, std::uint64_t min, std::uint64_t max
                             "; it must be a power of two from " + std::to_string(min) + " to " +
                             std::to_string(max) + ".");
   *out = x;
+  return treeduce::Status::Ok();
+}
+
+// A dotted-quad IPv4 address (TREEDUCE_BIND, TREEDUCE_FALLBACK_ADDRESS): a host name or a typo
+// there would otherwise surface only as a transport that cannot bind, i.e. a fallback.
+treeduce::Status ipv4(const Var& v) {
+  in_addr a{};
+  if (inet_pton(AF_INET, v.value.c_str(), &a) != 1)
+    return invalid_argument(std::string(v.name) + " is '" + v.value +
+                            "', not an IPv4 address (10.1.0.4).");
+  return treeduce::Status::Ok();
+}
+
+// An Ethernet address as six hexadecimal pairs separated by colons (TREEDUCE_LEAF_MAC,
+// TREEDUCE_LOCAL_MAC): refused here whatever the transport, rather than when dpdk or verbs opens.
+treeduce::Status mac(const Var& v) {
+  const std::string& m = v.value;
+  bool ok = m.size() == 17;
+  for (std::size_t i = 0; ok && i < m.size(); ++i)
+    ok = i % 3 == 2 ? m[i] == ':' : std::isxdigit(static_cast<unsigned char>(m[i])) != 0;
+  if (!ok)
+    return invalid_argument(std::string(v.name) + " is '" + m +
+                            "', not a MAC address (02:00:00:00:00:01).");
   return treeduce::Status::Ok();
 }
 
@@ -112,8 +136,14 @@ treeduce::Status parse_transport(const std::function<Var(std::initializer_list<c
     if (auto s = number(v, 0, 1, &x); !s.ok()) return s;
     t->dpdk_tx_copy = x != 0;
   }
-  if (const Var v = var({"TREEDUCE_LOCAL_MAC"}); v.name) t->local_mac = v.value;
-  if (const Var v = var({"TREEDUCE_LEAF_MAC"}); v.name) t->leaf_mac = v.value;
+  if (const Var v = var({"TREEDUCE_LOCAL_MAC"}); v.name) {
+    if (auto s = mac(v); !s.ok()) return s;
+    t->local_mac = v.value;
+  }
+  if (const Var v = var({"TREEDUCE_LEAF_MAC"}); v.name) {
+    if (auto s = mac(v); !s.ok()) return s;
+    t->leaf_mac = v.value;
+  }
   if (const Var v = var({"TREEDUCE_BUSY_POLL_US"}); v.name) {
     if (auto s = number(v, 0, 10000, &x); !s.ok()) return s;
     t->busy_poll_us = std::uint32_t(x);
@@ -377,9 +407,10 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
   if (const Var v = first_of({"TREEDUCE_TLS_CERT"}); v.name) o.tls_cert = v.value;
   if (const Var v = first_of({"TREEDUCE_TLS_KEY"}); v.name) o.tls_key = v.value;
   if (const Var v = first_of({"TREEDUCE_INSECURE"}); v.name) {
-    std::uint64_t i = 0;
-    if (auto s = number(v, 0, 1, &i); !s.ok()) return s;
-    o.insecure = i != 0;
+    // The sentence tdr_comm_create() and the CLI give too (tls::from_environment()).
+    if (v.value != "0" && v.value != "1")
+      return invalid_argument("TREEDUCE_INSECURE is '" + v.value + "'; it must be 0 or 1.");
+    o.insecure = v.value == "1";
   }
   if (const Var v = first_of({"TREEDUCE_HOST"}); v.name) {
     o.host = v.value;
@@ -390,7 +421,10 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
           "TREEDUCE_HOST is not set and this machine's host name cannot be read.");
     o.host = name;
   }
-  if (const Var v = first_of({"TREEDUCE_BIND"}); v.name) o.bind_address = v.value;
+  if (const Var v = first_of({"TREEDUCE_BIND"}); v.name) {
+    if (auto s = ipv4(v); !s.ok()) return s;
+    o.bind_address = v.value;
+  }
   if (const Var v = first_of({"TREEDUCE_PORT"}); v.name) {
     std::uint64_t port = 0;
     if (auto s = number(v, 0, 65535, &port); !s.ok()) return s;
@@ -437,7 +471,10 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
     }
   }
   if (const Var v = first_of({"TREEDUCE_FALLBACK_STORE"}); v.name) o.fallback_store = v.value;
-  if (const Var v = first_of({"TREEDUCE_FALLBACK_ADDRESS"}); v.name) o.fallback_address = v.value;
+  if (const Var v = first_of({"TREEDUCE_FALLBACK_ADDRESS"}); v.name) {
+    if (auto s = ipv4(v); !s.ok()) return s;
+    o.fallback_address = v.value;
+  }
 
   if (auto s = parse_transport(first_of, &o.transport); !s.ok()) return s;
   if (auto s = parse_static_tree(first_of, !o.manager.empty(), &o.static_tree); !s.ok()) return s;

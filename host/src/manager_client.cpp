@@ -134,8 +134,9 @@ class GrpcManagerClient final : public ManagerClient {
     reached_ = s.error_code() != grpc::StatusCode::UNAVAILABLE;
     if (!s.ok()) {
       out.reason = out.result == Result::unavailable
-                       ? "The Aggregation Manager at " + address_ + " gave job '" + req.job +
-                             "' no tree: " + sentence(s.error_message())
+                       ? "Rank " + std::to_string(req.rank) + " could not join job '" + req.job +
+                             "' at the Aggregation Manager at " + address_ + ": " +
+                             sentence(s.error_message())
                        : sentence(s.error_message());
       return out;
     }

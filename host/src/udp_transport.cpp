@@ -16,6 +16,8 @@
 #include <cstring>
 #include <vector>
 
+#include "debug_env.h"
+
 namespace treeduce::host {
 
 bool parse_ipv4_endpoint(const std::string& s, std::uint32_t* ip, std::uint16_t* port) {
@@ -37,7 +39,7 @@ namespace {
 // Debug lines go to stderr only when TREEDUCE_DEBUG is set (docs/host.md, "Logging"): which
 // offloads the kernel gave us is worth knowing when measuring, and noise otherwise.
 void debug(const std::string& line) {
-  static const bool on = std::getenv("TREEDUCE_DEBUG") != nullptr;
+  static const bool on = debug_on(std::getenv("TREEDUCE_DEBUG"));
   if (on) std::fprintf(stderr, "treeduce: debug: %s\n", line.c_str());
 }
 

@@ -644,7 +644,12 @@ int main(int argc, char** argv) {
   app.add_option("--compare", compare,
                  "baselines run on the same ranks and buffers after treeduce, per row: a comma "
                  "list of gloo (Gloo's ring allreduce), mpi (MPI_Allreduce)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 prints the sentence; every usage error is exit code 2, as the lists' are (--help 0).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   std::string bad = parse_names("--dtypes", dtypes, kAllDTypes, &cfg.dtypes);
   if (bad.empty()) bad = parse_names("--ops", ops, kAllReduceOps, &cfg.ops);
   // A type with none of the operations defined on it (or the other way round) is an error that

@@ -225,43 +225,27 @@ void go_passthrough(CommState* s, const std::string& why, bool say) {
 
 // Reads libtreeduce's options with its one parser (manager, host, transport, timeouts: every
 // TREEDUCE_* exactly as for a program of its own), with this communicator's job, rank, size, port
-// and path set in the environment meanwhile, and joins the job. Only the reading holds the lock:
-// the join blocks until every rank joined, and threads joining other communicators (in another
-// order on other ranks) must not wait for it.
+// and path given as overrides, and joins the job. No lock: the join blocks until every rank
+// joined, and threads joining other communicators (in another order on other ranks) must not
+// wait for it.
 std::unique_ptr<TdrComm> create_tdr(const CommState* s, std::uint16_t port, tdr_result_t* result,
                                     std::string* error) {
-  static std::mutex env_mu;
   treeduce::host::Options opt;
   treeduce::host::Result r = treeduce::host::Result::ok;
-  {
-    std::lock_guard lk(env_mu);
-    const std::pair<const char*, std::string> vars[] = {
-        {"TREEDUCE_JOB", s->job},
-        {"TREEDUCE_RANK", std::to_string(s->rank)},
-        {"TREEDUCE_WORLD_SIZE", std::to_string(s->size)},
-        {"TREEDUCE_PORT", std::to_string(port)},
-        {"TREEDUCE_PATH", "network"},
-    };
-    std::vector<std::optional<std::string>> old;
-    for (const auto& [name, value] : vars) {
-      const char* o = std::getenv(name);
-      old.push_back(o != nullptr ? std::optional<std::string>(o) : std::nullopt);
-      setenv(name, value.c_str(), 1);
-    }
-    try {
-      r = treeduce::host::options_from_environment(&opt, error);
-    } catch (const std::exception& e) {
-      r = treeduce::host::Result::internal;
-      *error = e.what();
-    }
-    std::size_t i = 0;
-    for (const auto& [name, value] : vars) {
-      if (old[i])
-        setenv(name, old[i]->c_str(), 1);
-      else
-        unsetenv(name);
-      ++i;
-    }
+  // This communicator's job, rank, size, port and path are read in place of the environment's,
+  // which stays as it is (setenv() would race with the program's own getenv() in other threads).
+  const std::map<std::string, std::string> overrides = {
+      {"TREEDUCE_JOB", s->job},
+      {"TREEDUCE_RANK", std::to_string(s->rank)},
+      {"TREEDUCE_WORLD_SIZE", std::to_string(s->size)},
+      {"TREEDUCE_PORT", std::to_string(port)},
+      {"TREEDUCE_PATH", "network"},
+  };
+  try {
+    r = treeduce::host::options_from_environment(&opt, error, overrides);
+  } catch (const std::exception& e) {
+    r = treeduce::host::Result::internal;
+    *error = e.what();
   }
   std::unique_ptr<TdrComm> comm;
   if (r == treeduce::host::Result::ok) {
@@ -395,6 +379,10 @@ std::optional<std::string> decide(CommState* s, MPI_Comm comm, MPI_Datatype dtyp
     if (!mo) return op_name(op) + " is not one of MPI's predefined reductions";
     if (dtype == MPI_BYTE && *mo != tdr_band && *mo != tdr_bor && *mo != tdr_bxor) {
       return "MPI_BYTE with " + op_name(op) + " (MPI defines only the bitwise operations on it)";
+    }
+    if (const auto why = undefined_pair(*md, *mo)) {
+      return dtype_name(dtype) + " with " + op_name(op) + " is not a reduction MPI defines (" +
+             *why + ")";
     }
     *d = *md;
     *o = *mo;

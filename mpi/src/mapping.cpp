@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <iterator>
 
+#include "treeduce/aggregation/dtype.h"
+
 namespace treeduce::mpi {
 namespace {
 
@@ -84,6 +86,13 @@ std::optional<tdr_op_t> map_op(MPI_Op op) {
   if (op == MPI_MINLOC) return tdr_minloc;
   if (op == MPI_MAXLOC) return tdr_maxloc;
   return std::nullopt;
+}
+
+std::optional<std::string> undefined_pair(tdr_dtype_t d, tdr_op_t o) {
+  const auto dt = static_cast<DType>(d);
+  const auto op = static_cast<ReduceOp>(o);
+  if (op_defined(dt, op)) return std::nullopt;
+  return std::string(op_refusal(dt, op));
 }
 
 std::size_t bcast_element_bytes(MPI_Datatype t) {

@@ -25,6 +25,12 @@ std::optional<tdr_op_t> map_op(MPI_Op op);
  */
 std::size_t bcast_element_bytes(MPI_Datatype t);
 
+/**
+ * Why MPI does not define `o` on `d` ("band (bitwise and) is defined on integer types only, ..."),
+ * or nullopt for a reduction MPI defines: such a call passes through, and MPI reports its error.
+ */
+std::optional<std::string> undefined_pair(tdr_dtype_t d, tdr_op_t o);
+
 /** MPI's name of a datatype or operation, for the counters' reasons ("MPI_DOUBLE", "MPI_SUM"). */
 std::string dtype_name(MPI_Datatype t);
 std::string op_name(MPI_Op op);

@@ -491,8 +491,11 @@ class ProcessGroupTreeduce : public c10d::ProcessGroup {
     // The launcher's variables name the job, rank and world (docs/host.md section 3); the group
     // itself is the authority for rank and size, and a job name is made when none is given.
     const std::string r = std::to_string(getRank()), n = std::to_string(getSize());
+    // Set to "", a variable is unset, as everywhere in libtreeduce (docs/host.md section 3).
     const char* er = std::getenv("TREEDUCE_RANK");
     const char* ew = std::getenv("TREEDUCE_WORLD_SIZE");
+    if (er != nullptr && *er == '\0') er = nullptr;
+    if (ew != nullptr && *ew == '\0') ew = nullptr;
     TORCH_CHECK(!er || r == er, "treeduce: TREEDUCE_RANK is ", er, " but this process is rank ", r,
                 " of its process group; unset it or make them agree.");
     TORCH_CHECK(!ew || n == ew, "treeduce: TREEDUCE_WORLD_SIZE is ", ew,

@@ -4,8 +4,8 @@
  * Driven by test_communicator.cpp (CApi.AllreduceAndErrors), which runs the fake switch and
  * passes its address. Returns 0, or a non-zero line number with a sentence in `message`. */
 #include <stdint.h>
-#include <stdlib.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "treeduce/treeduce.h"
@@ -68,6 +68,24 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   opt.world_size = 1;
   CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
   CHECK(strstr(tdr_last_error(NULL), "world size") != NULL);
+  /* Timeouts of 0 are not "no bound": refused. */
+  tdr_options_init(&opt);
+  opt.job = "c-api";
+  opt.op_timeout_ms = 0;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strcmp(tdr_last_error(NULL),
+               "op_timeout_ms is 0; give a bound in milliseconds (the "
+               "defaults are 30000 and 60000).") == 0);
+  opt.op_timeout_ms = 60000;
+  opt.join_timeout_ms = 0;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strstr(tdr_last_error(NULL), "join_timeout_ms is 0") != NULL);
+  /* A job name is required: unrelated programs would otherwise share the host path's store. */
+  tdr_options_init(&opt);
+  opt.path = tdr_path_host;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strcmp(tdr_last_error(NULL),
+               "The job name is empty; give every rank of the job the same name.") == 0);
   /* TREEDUCE_INSECURE is 0 or 1: anything else is refused, not read as 0. */
   tdr_options_init(&opt);
   opt.job = "c-api";
@@ -75,6 +93,23 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
   CHECK(strcmp(tdr_last_error(NULL), "TREEDUCE_INSECURE is 'yes'; it must be 0 or 1.") == 0);
   unsetenv("TREEDUCE_INSECURE");
+
+  /* A static tree no switch can have is refused on every path, auto too (not fallen back from). */
+  tdr_options_init(&opt);
+  opt.job = "c-api";
+  opt.static_leaf_address = leaf_address;
+  opt.static_slots = 3;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strcmp(tdr_last_error(NULL),
+               "The static tree's slots must be a power of two from 1 to 4096, got 3.") == 0);
+  opt.static_slots = 8;
+  opt.static_child_index = 64;
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strcmp(tdr_last_error(NULL), "The static tree's child index 64 is not below 64.") == 0);
+  opt.static_child_index = 0;
+  opt.static_leaf_address = "leaf0:4791";
+  CHECK(tdr_comm_create(&opt, &comm) == tdr_invalid_argument && comm == NULL);
+  CHECK(strstr(tdr_last_error(NULL), "leaf address 'leaf0:4791' is not") != NULL);
 
   /* One rank on the fake switch's static tree. */
   tdr_options_init(&opt);
@@ -96,7 +131,11 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
     CHECK(tdr_comm_rank(comm, &r) == tdr_ok && r == 0);
     CHECK(tdr_comm_size(comm, &n) == tdr_ok && n == 1);
     CHECK(tdr_comm_rank(NULL, &r) == tdr_invalid_argument);
+    CHECK(strcmp(tdr_last_error(NULL), "The communicator is NULL.") == 0);
     CHECK(tdr_comm_size(comm, NULL) == tdr_invalid_argument);
+    CHECK(strcmp(tdr_last_error(comm), "The size pointer is NULL.") == 0);
+    CHECK(tdr_comm_rank(comm, NULL) == tdr_invalid_argument);
+    CHECK(strcmp(tdr_last_error(comm), "The rank pointer is NULL.") == 0);
   }
   for (i = 0; i < 300; ++i) in[i] = (int32_t)(i * 7919) - 1000000;
   memset(out, 0, sizeof out);
@@ -126,11 +165,24 @@ int treeduce_test_c_api(const char* leaf_address, const char* bind_address, unsi
   CHECK(tdr_iallreduce(comm, in, out, 1, tdr_i32, tdr_sum, NULL) == tdr_invalid_argument);
   CHECK(tdr_reduce(comm, in, out, 1, tdr_i32, tdr_sum, 5) == tdr_invalid_argument);
   CHECK(tdr_get_stats(comm, NULL) == tdr_invalid_argument);
+  /* Buffers that overlap without being the same: refused (in place is send == recv). */
+  CHECK(tdr_allreduce(comm, in, in + 1, 4, tdr_i32, tdr_sum) == tdr_invalid_argument);
+  CHECK(strcmp(tdr_last_error(comm),
+               "The send and receive buffers overlap without being the "
+               "same buffer (in place).") == 0);
+  CHECK(tdr_allreduce(comm, in + 4, in, 4, tdr_i32, tdr_sum) == tdr_ok); /* adjacent: fine */
+  /* A count whose bytes overflow size_t is refused before anything is read or allocated. */
+  CHECK(tdr_allreduce(comm, in, out, SIZE_MAX / 2, tdr_i32, tdr_sum) == tdr_invalid_argument);
+  CHECK(strstr(tdr_last_error(comm), "is more bytes than memory can hold") != NULL);
+  CHECK(tdr_broadcast(comm, in, SIZE_MAX / 4, tdr_f64, 0) == tdr_invalid_argument);
+  CHECK(strstr(tdr_last_error(comm), "of f64 is more bytes") != NULL);
+  CHECK(strcmp(tdr_path_reason(NULL), "The communicator is NULL.") == 0);
+  CHECK(tdr_path(NULL) == tdr_path_host);
 
   CHECK(tdr_barrier(comm) == tdr_ok);
   CHECK(strcmp(tdr_last_error(comm), "") == 0); /* a success clears the last error */
   CHECK(tdr_get_stats(comm, &stats) == tdr_ok);
-  CHECK(stats.network_ops == 6 && stats.fallback_ops == 0);
+  CHECK(stats.network_ops == 7 && stats.fallback_ops == 0);
   CHECK(strcmp(tdr_fallback_reason(comm), "") == 0);
 
   /* Every type and operation: offloaded when defined (the static tree allows every code),

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "debug_env.h"
 #include "environment.h"
 #include "treeduce/host/communicator.h"
 
@@ -193,9 +194,25 @@ TEST_F(Environment, BadValuesNameTheirVariable) {
   set("TREEDUCE_DETERMINISTIC", "yes");
   expect_error("TREEDUCE_DETERMINISTIC is 'yes', not a whole number from 0 to 1.");
   set("TREEDUCE_DETERMINISTIC", "0");
+  // The sentence docs/host.md quotes, the same as tdr_comm_create()'s.
+  set("TREEDUCE_INSECURE", "yes");
+  expect_error("TREEDUCE_INSECURE is 'yes'; it must be 0 or 1.");
+  set("TREEDUCE_INSECURE", "0");
+  // Addresses are IPv4, not names: a bad one is refused here, not found later as a fallback.
+  set("TREEDUCE_BIND", "h3");
+  expect_error("TREEDUCE_BIND is 'h3', not an IPv4 address (10.1.0.4).");
+  set("TREEDUCE_BIND", "10.1.0.256");
+  expect_error("TREEDUCE_BIND is '10.1.0.256', not an IPv4 address");
+  set("TREEDUCE_BIND", "10.1.0.4");
+  set("TREEDUCE_FALLBACK_ADDRESS", "mgmt0");
+  expect_error("TREEDUCE_FALLBACK_ADDRESS is 'mgmt0', not an IPv4 address (10.1.0.4).");
+  set("TREEDUCE_FALLBACK_ADDRESS", "10.2.0.4");
   Options o;
   ASSERT_TRUE(parse(&o).ok()) << parse(&o).to_string();
   EXPECT_EQ(o.path, Path::host);
+  EXPECT_EQ(o.bind_address, "10.1.0.4");
+  EXPECT_EQ(o.fallback_address, "10.2.0.4");
+  EXPECT_FALSE(o.insecure);
   EXPECT_EQ(o.port, 50000);
   EXPECT_EQ(o.slots, 32u);
   EXPECT_EQ(o.payload_bytes, 4096u);
@@ -295,6 +312,19 @@ TEST_F(Environment, TransportVariablesFillTransportOptions) {
     const std::string before = vars[name];
     set(name, value);
     expect_error(std::string(name) + " is '" + value + "', not a whole number from ");
+    set(name, before.c_str());
+  }
+  // MACs are refused whatever the transport, not only when dpdk or verbs opens.
+  for (const char* name : {"TREEDUCE_LEAF_MAC", "TREEDUCE_LOCAL_MAC"}) {
+    const std::string before = vars[name];
+    for (const char* value : {"02:00:00:00:00", "02-00-00-00-00-02", "02:00:00:00:00:0g"}) {
+      set(name, value);
+      expect_error(std::string(name) + " is '" + value +
+                   "', not a MAC address (02:00:00:00:00:01).");
+    }
+    set(name, "0A:bc:00:00:00:02");
+    Options m;
+    ASSERT_TRUE(parse(&m).ok());
     set(name, before.c_str());
   }
 
@@ -478,4 +508,13 @@ TEST_F(Environment, BadStaticTreeValuesSaySo) {
   expect_error(
       "TREEDUCE_STATIC_TREE_ID is set but TREEDUCE_STATIC_LEAF is not: a static tree starts with "
       "its leaf switch's data address.");
+}
+
+// TREEDUCE_DEBUG: set to anything but "" or "0".
+TEST(DebugVariable, EmptyAndZeroAreOff) {
+  EXPECT_FALSE(treeduce::host::debug_on(nullptr));
+  EXPECT_FALSE(treeduce::host::debug_on(""));
+  EXPECT_FALSE(treeduce::host::debug_on("0"));
+  EXPECT_TRUE(treeduce::host::debug_on("1"));
+  EXPECT_TRUE(treeduce::host::debug_on("yes"));
 }

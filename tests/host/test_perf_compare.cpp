@@ -247,6 +247,29 @@ TEST(PerfCompare, UnknownBaselineIsRefusedWithASentence) {
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
+// Every usage error is exit code 2 with a sentence naming the option, CLI11's (a value out of
+// range, an unknown option) as well as treeduce-perf's own; --help is 0.
+TEST(PerfCompare, UsageErrorsExitWithTwo) {
+  TempDir dir;
+  int i = 0;
+  for (const auto& [args, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"-n", "0"}, "--iters"},
+           {{"-f", "1"}, "--stepfactor"},
+           {{"--no-such-option"}, "no-such-option"},
+           {{"-b", "0"}, "--minbytes must be at least 1"},
+           {{"-d", "f128"}, "f128"}}) {
+    std::vector<std::string> argv = {TREEDUCE_PERF_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Child c = spawn(argv, child_env({}), dir.path() + "/u" + std::to_string(i++));
+    ASSERT_TRUE(wait_for(c, std::chrono::seconds(30))) << logs(c);
+    EXPECT_EQ(c.status, 2) << args[0] << ": " << logs(c);
+    EXPECT_NE(read_file(c.err).find(needle), std::string::npos) << logs(c);
+  }
+  Child help = spawn({TREEDUCE_PERF_BIN, "--help"}, child_env({}), dir.path() + "/help");
+  ASSERT_TRUE(wait_for(help, std::chrono::seconds(30))) << logs(help);
+  EXPECT_EQ(help.status, 0) << logs(help);
+}
+
 /// Two treeduce-perf ranks on the host path (no switch, no mpirun) with `args`, started
 /// directly in `dir`, and waited for: each must exit 0.
 std::vector<Child> run_two_host_ranks(const TempDir& dir, const std::string& tag,

@@ -131,5 +131,19 @@ TEST(MpiMapping, PredefinedDatatypesAndOperations) {
   EXPECT_STREQ(tdr_op_name(tdr_maxloc), "maxloc");
 }
 
+// A pair MPI does not define passes through with MPI's rule as its reason, not "the tree does
+// not reduce it".
+TEST(MpiMapping, UndefinedPairsSayWhy) {
+  EXPECT_EQ(undefined_pair(tdr_f32, tdr_sum), std::nullopt);
+  EXPECT_EQ(undefined_pair(tdr_f32_i32, tdr_minloc), std::nullopt);
+  const auto band = undefined_pair(tdr_f32, tdr_band);
+  ASSERT_TRUE(band.has_value());
+  EXPECT_NE(band->find("band (bitwise and) is defined on integer types only"), std::string::npos)
+      << *band;
+  const auto minloc = undefined_pair(tdr_i32, tdr_minloc);
+  ASSERT_TRUE(minloc.has_value());
+  EXPECT_NE(minloc->find("pair types only"), std::string::npos) << *minloc;
+}
+
 }  // namespace
 }  // namespace treeduce::mpi

@@ -88,7 +88,11 @@ with tempfile.TemporaryDirectory() as d:
                           (lambda: tt.fp8_round(torch.ones(3), "e3m4"), "neither e4m3 nor e5m2"),
                           (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64),
                                                    op=dist.ReduceOp.AVG),
-                           "AVG is defined on floating-point tensors only")):
+                           "AVG is defined on floating-point tensors only"),
+                          # A pair MPI's rule refuses: libtreeduce's sentence, raised by wait().
+                          (lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND),
+                           "allreduce of 1 tensor(s) with BAND failed (invalid_argument): The "
+                           "pair f32 band is not a reduction")):
         try:
             bad()
             check(False, f"not refused: {sentence}")
@@ -107,7 +111,9 @@ with tempfile.TemporaryDirectory() as d:
     check(hooks._is_treeduce(dist.group.WORLD), "the hooks do not take the first group for treeduce")
     dist.destroy_process_group()  # every group
 
-    # Both destroyed: a new group gets libtreeduce's communicator again.
+    # Both destroyed: a new group gets libtreeduce's communicator again. An empty
+    # TREEDUCE_RANK or TREEDUCE_WORLD_SIZE is unset, as everywhere in libtreeduce.
+    os.environ.update(TREEDUCE_RANK="", TREEDUCE_WORLD_SIZE="")
     dist.init_process_group("treeduce", init_method="file://" + os.path.join(d, "store2"),
                             rank=0, world_size=1, timeout=timedelta(seconds=20))
     check(tt.info()["path"] == "host", f"a group after the first two: {tt.info()}")

@@ -100,7 +100,8 @@ typedef uint64_t tdr_request_t;
  * NULL means "".
  */
 typedef struct tdr_options {
-  const char* job;            /**< job name, the same on every rank */
+  const char* job;            /**< job name, the same on every rank; required (NULL or "":
+                                   tdr_invalid_argument) */
   uint32_t rank;              /**< 0 .. world_size-1 */
   uint32_t world_size;        /**< ranks in the job */
   const char* manager;        /**< "host:port" of the Aggregation Manager; NULL: none. Its TLS
@@ -117,7 +118,9 @@ typedef struct tdr_options {
   uint32_t op_timeout_ms;     /**< one collective */
   const char* fallback_store; /**< host-side rendezvous directory; NULL: /tmp/treeduce-gloo-<job> */
   const char* fallback_address; /**< IPv4 for host-side reduction's TCP; NULL: bind_address */
-  /** A tree given directly (no manager), used when manager is NULL and this is not. */
+  /** A tree given directly (no manager), used when manager is NULL and this is not: the leaf's
+   * "IPv4:PORT". A static tree no switch could hold (this address, slots, payload bytes, a child
+   * index of 64 or more) is tdr_invalid_argument at creation, unless the path is host. */
   const char* static_leaf_address;
   uint16_t static_tree_id;       /**< static tree: tree id */
   uint64_t static_key;           /**< static tree: job key */
@@ -211,12 +214,12 @@ const char* tdr_fallback_reason(const tdr_comm_t* comm);
 tdr_path_t tdr_path(const tdr_comm_t* comm);
 
 /**
- * Why collectives do not run in the network ("" when they do). The string stays valid until the
- * calling thread's next tdr_path_reason() call.
+ * Why collectives do not run in the network ("" when they do; "The communicator is NULL." for a
+ * NULL `comm`). The string stays valid until the calling thread's next tdr_path_reason() call.
  */
 const char* tdr_path_reason(const tdr_comm_t* comm);
 
-/** Copy the communicator's counters into `*out`. */
+/** Copy the communicator's counters into `*out` (tdr_invalid_argument when either is NULL). */
 tdr_result_t tdr_get_stats(const tdr_comm_t* comm, tdr_stats_t* out);
 
 /**
