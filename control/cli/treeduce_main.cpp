@@ -452,6 +452,11 @@ void check_reach(Report& rep, const DoctorArgs& a, const pb::SwitchList* sl) {
 // The channel credentials of every call to the manager: from --tls-* or TREEDUCE_TLS_*, or none
 // with --insecure (main() sets them before any call).
 std::shared_ptr<grpc::ChannelCredentials> g_creds;
+treeduce::tls::TlsOptions g_tls;
+
+std::shared_ptr<grpc::Channel> manager_channel(const std::string& manager) {
+  return treeduce::tls::channel(manager, g_creds, g_tls);
+}
 
 // `treeduce set-topology FILE`: sends the file's text; prints what changed by kind.
 int set_topology(const std::string& file, const std::string& manager) {
@@ -462,7 +467,7 @@ int set_topology(const std::string& file, const std::string& manager) {
   }
   pb::SetTopologyRequest req;
   req.set_yaml(*text);
-  auto admin = pb::Admin::NewStub(grpc::CreateChannel(manager, g_creds));
+  auto admin = pb::Admin::NewStub(manager_channel(manager));
   grpc::ClientContext c;
   c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   pb::SetTopologyReply rep;
@@ -530,7 +535,7 @@ int doctor(const DoctorArgs& args, const std::string& manager) {
   }
   Report rep;
   bool reached = false;
-  auto stub = pb::Query::NewStub(grpc::CreateChannel(manager, g_creds));
+  auto stub = pb::Query::NewStub(manager_channel(manager));
   pb::SwitchList sl;
   pb::JobList jl;
   grpc::ClientContext c1, c2;
@@ -586,6 +591,9 @@ int main(int argc, char** argv) {
   app.add_option("--tls-ca", tls.ca, "CA certificate, PEM (or $TREEDUCE_TLS_CA)");
   app.add_option("--tls-cert", tls.cert, "this client's certificate, PEM (or $TREEDUCE_TLS_CERT)");
   app.add_option("--tls-key", tls.key, "its private key, PEM (or $TREEDUCE_TLS_KEY)");
+  app.add_option("--tls-server-name", tls.server_name,
+                 "the name the manager's certificate carries when the address given is not it "
+                 "(or $TREEDUCE_TLS_SERVER_NAME)");
   app.add_flag("--insecure", tls.insecure,
                "talk to a manager without TLS (or $TREEDUCE_INSECURE=1; labs and tests)");
   // Checked only when a command talks to the manager (`treeduce lab` makes its own).
@@ -601,6 +609,7 @@ int main(int argc, char** argv) {
         "--insecure (or TREEDUCE_INSECURE=1)");
     std::string error;
     if (bad.empty()) g_creds = treeduce::tls::channel_credentials(tls, &error);
+    g_tls = tls;
     if (!bad.empty() || !g_creds) {
       std::cerr << "treeduce: " << (bad.empty() ? error : bad) << "\n";
       return false;
@@ -694,7 +703,7 @@ int main(int argc, char** argv) {
 
   if (!connect()) return 2;
   if (fail_cmd->parsed()) {
-    auto admin = pb::Admin::NewStub(grpc::CreateChannel(manager, g_creds));
+    auto admin = pb::Admin::NewStub(manager_channel(manager));
     grpc::ClientContext c;
     c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     pb::FailSwitchRequest req;
@@ -707,7 +716,7 @@ int main(int argc, char** argv) {
   }
   if (topo_cmd->parsed()) return set_topology(topo_file, manager);
   if (drain_cmd->parsed() || undrain_cmd->parsed()) {
-    auto admin = pb::Admin::NewStub(grpc::CreateChannel(manager, g_creds));
+    auto admin = pb::Admin::NewStub(manager_channel(manager));
     grpc::ClientContext c;
     c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     pb::DrainSwitchRequest req;
@@ -722,7 +731,7 @@ int main(int argc, char** argv) {
                                       : " undrained: it takes new trees again\n");
     return 0;
   }
-  auto stub = pb::Query::NewStub(grpc::CreateChannel(manager, g_creds));
+  auto stub = pb::Query::NewStub(manager_channel(manager));
   auto ctx = [] {
     auto c = std::make_unique<grpc::ClientContext>();
     c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -81,6 +81,13 @@ std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TlsOptions& 
   return grpc::experimental::TlsCredentials(opt);
 }
 
+std::shared_ptr<grpc::Channel> channel(const std::string& target,
+                                       const std::shared_ptr<grpc::ChannelCredentials>& creds,
+                                       const TlsOptions& o, grpc::ChannelArguments args) {
+  if (o.secure() && !o.server_name.empty()) args.SetSslTargetNameOverride(o.server_name);
+  return grpc::CreateCustomChannel(target, creds, args);
+}
+
 std::string peer_name(const grpc::ServerContext& ctx) {
   const auto auth = ctx.auth_context();
   if (!auth) return "";
@@ -102,6 +109,7 @@ TlsOptions from_environment(std::string* error) {
   o.ca = get("TREEDUCE_TLS_CA");
   o.cert = get("TREEDUCE_TLS_CERT");
   o.key = get("TREEDUCE_TLS_KEY");
+  o.server_name = get("TREEDUCE_TLS_SERVER_NAME");
   const std::string insecure = get("TREEDUCE_INSECURE");
   o.insecure = insecure == "1";
   if (!insecure.empty() && insecure != "0" && insecure != "1" && error != nullptr)

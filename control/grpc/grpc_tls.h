@@ -29,6 +29,10 @@ struct TlsOptions {
   std::string cert;  ///< this end's certificate (chain)
   std::string key;   ///< its private key
   bool insecure = false;
+  /// Client side: the name the server's certificate must carry (a subject alternative name)
+  /// when it differs from the host part of the address dialled, e.g. a manager dialled at
+  /// 10.0.0.100:9300 whose certificate names manager.example. Empty: the address dialled.
+  std::string server_name{};
   /// How often the files are read again (seconds): a renewed certificate, key or CA put in
   /// their place is used by every connection made after that (docs/deploy.md, "Renewing").
   unsigned reload_seconds = 60;
@@ -53,14 +57,22 @@ std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsOptions& o,
 std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TlsOptions& o,
                                                               std::string* error);
 
+/// A channel to `target` with `creds` (from channel_credentials(o)) and `args`, checking the
+/// server's certificate against o.server_name when that is set (with TLS).
+std::shared_ptr<grpc::Channel> channel(const std::string& target,
+                                       const std::shared_ptr<grpc::ChannelCredentials>& creds,
+                                       const TlsOptions& o,
+                                       grpc::ChannelArguments args = grpc::ChannelArguments());
+
 /// The CN of the verified client certificate of the call; "" without TLS.
 std::string peer_name(const grpc::ServerContext& ctx);
 /// True when the call came over TLS (the server runs with certificates).
 bool peer_authenticated(const grpc::ServerContext& ctx);
 
-/// TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY and TREEDUCE_INSECURE (libtreeduce,
-/// the CLI and the lab's tools read these). TREEDUCE_INSECURE is 1, or 0 / empty / unset; any
-/// other value leaves `insecure` false and puts a sentence in `*error` (when given).
+/// TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY, TREEDUCE_TLS_SERVER_NAME (the
+/// manager's certificate name when it is not the address dialled) and TREEDUCE_INSECURE
+/// (libtreeduce, the CLI and the lab's tools read these). TREEDUCE_INSECURE is 1, or 0 / empty /
+/// unset; any other value leaves `insecure` false and puts a sentence in `*error` (when given).
 TlsOptions from_environment(std::string* error = nullptr);
 
 }  // namespace treeduce::tls

@@ -349,7 +349,7 @@ struct Agent::Impl {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, int(kFirstBackoff.count()));
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, int(kRpcDeadline.count()));
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, int(kMaxBackoff.count()));
-    return pb::SwitchRegistry::NewStub(grpc::CreateCustomChannel(opt.manager, creds, args));
+    return pb::SwitchRegistry::NewStub(tls::channel(opt.manager, creds, opt.tls, args));
   }
 
   /// ", reporting N trees; it removed [..] and installed again [..]" for the log.

@@ -191,6 +191,8 @@ void each_setting(C& c, F&& f) {
   f("tls_ca", "CA certificate (PEM) the manager's and callers' certificates chain to", c.tls_ca);
   f("tls_cert", "the switch's certificate (PEM; its CN is the switch's name)", c.tls_cert);
   f("tls_key", "the switch's private key (PEM)", c.tls_key);
+  f("tls_server_name", "with TLS, the manager certificate's name when `manager` is not it",
+    c.tls_server_name);
   f("tls_manager_name", "with TLS, the manager's certificate name (CN)", c.tls_manager_name);
   f("tls_admin_name", "with TLS, the admin certificate name (CN) that may also call the agent",
     c.tls_admin_name);
@@ -337,6 +339,10 @@ std::string check(const SwitchConfig& c, const Lines& lines, bool security = tru
         !bad.empty())
       return err({&c.tls_ca, &c.tls_cert, &c.tls_key, &c.insecure, &c.manager}, bad);
   }
+  if (security && !c.tls_server_name.empty() && (c.tls_ca.empty() || c.manager.empty()))
+    return err({&c.tls_server_name},
+               "tls_server_name is the name of the manager's certificate: it needs a manager "
+               "and tls_ca, tls_cert and tls_key.");
 
   std::set<std::uint16_t> tree_ids;
   for (const StaticTree& st : c.trees) {

@@ -89,6 +89,8 @@ struct SwitchConfig {
   /// Mutual TLS with the manager (docs/deploy.md, "TLS"): the CA, the switch's certificate (its
   /// CN is the switch's name: the manager takes registrations under that name only) and key.
   std::string tls_ca, tls_cert, tls_key;
+  /// With TLS, the name the manager's certificate carries when the host of `manager` is not it.
+  std::string tls_server_name;
   /// With TLS, who may call the agent: the manager's and the admin's certificate names.
   std::string tls_manager_name = tls::kDefaultManagerName;
   std::string tls_admin_name = tls::kDefaultAdminName;

@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
         ao.heartbeat_ms = cfg.heartbeat_ms;
         if (cfg.faults) ao.ports = sw.get();
         ao.tls = {cfg.tls_ca, cfg.tls_cert, cfg.tls_key, cfg.insecure};
+        ao.tls.server_name = cfg.tls_server_name;
         ao.callers = {cfg.tls_manager_name, cfg.tls_admin_name};
         agent = Agent::start(ao, *sw, &error);
         if (!agent) rc = fail(error, 1);

@@ -191,6 +191,7 @@ tdr_result_t tdr_comm_create(const tdr_options_t* opt, tdr_comm_t** comm) {
     o.tls_ca = te.ca;
     o.tls_cert = te.cert;
     o.tls_key = te.key;
+    o.tls_server_name = te.server_name;
     o.insecure = te.insecure;
     o.host = str(opt->host);
     o.bind_address = str(opt->bind_address);

@@ -211,7 +211,8 @@ class CommunicatorImpl final : public Communicator {
     if (opt_.path == Path::host) {
       // decide_path() says host below.
     } else if (!opt_.manager.empty()) {
-      manager_ = ManagerClient::make(opt_.manager, opt_.tls_ca, opt_.tls_cert, opt_.tls_key);
+      manager_ = ManagerClient::make(opt_.manager, opt_.tls_ca, opt_.tls_cert, opt_.tls_key,
+                                     opt_.tls_server_name);
       JoinRequest jr;
       jr.job = opt_.job;
       jr.rank = opt_.rank;
@@ -775,10 +776,10 @@ std::string report_unstartable(const UnstartableRank& who, const std::string& wh
     return "The other ranks cannot be told: " + bad;
   // Read directly: the variables in question may be the malformed ones.
   const tls::TlsOptions t = tls::from_environment();
-  const std::string no =
-      (t.insecure || t.secure())
-          ? ManagerClient::make(who.manager, t.ca, t.cert, t.key)->abort(who.job, who.rank, why)
-          : "no TLS certificates and no TREEDUCE_INSECURE=1";
+  const std::string no = (t.insecure || t.secure())
+                             ? ManagerClient::make(who.manager, t.ca, t.cert, t.key, t.server_name)
+                                   ->abort(who.job, who.rank, why)
+                             : "no TLS certificates and no TREEDUCE_INSECURE=1";
   if (no.empty())
     return self + " told the Aggregation Manager at " + who.manager + ", which fails job '" +
            who.job + "' for every rank.";

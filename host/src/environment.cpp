@@ -406,6 +406,7 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
   if (const Var v = first_of({"TREEDUCE_TLS_CA"}); v.name) o.tls_ca = v.value;
   if (const Var v = first_of({"TREEDUCE_TLS_CERT"}); v.name) o.tls_cert = v.value;
   if (const Var v = first_of({"TREEDUCE_TLS_KEY"}); v.name) o.tls_key = v.value;
+  if (const Var v = first_of({"TREEDUCE_TLS_SERVER_NAME"}); v.name) o.tls_server_name = v.value;
   if (const Var v = first_of({"TREEDUCE_INSECURE"}); v.name) {
     // The sentence tdr_comm_create() and the CLI give too (tls::from_environment()).
     if (v.value != "0" && v.value != "1")

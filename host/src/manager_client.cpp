@@ -87,7 +87,7 @@ class GrpcManagerClient final : public ManagerClient {
     // Unreadable files: a channel that can never connect, whose calls fail; join() and abort()
     // say why instead.
     if (!creds) creds = grpc::InsecureChannelCredentials();
-    stub_ = pb::JobService::NewStub(grpc::CreateCustomChannel(address, creds, args));
+    stub_ = pb::JobService::NewStub(tls::channel(address, creds, tls, args));
   }
 
   ~GrpcManagerClient() override { stop_heartbeats(); }
@@ -302,8 +302,11 @@ class GrpcManagerClient final : public ManagerClient {
 
 std::unique_ptr<ManagerClient> ManagerClient::make(const std::string& address,
                                                    const std::string& ca, const std::string& cert,
-                                                   const std::string& key) {
-  return std::make_unique<GrpcManagerClient>(address, tls::TlsOptions{ca, cert, key, false});
+                                                   const std::string& key,
+                                                   const std::string& server_name) {
+  tls::TlsOptions o{ca, cert, key, false};
+  o.server_name = server_name;
+  return std::make_unique<GrpcManagerClient>(address, o);
 }
 
 }  // namespace treeduce::host

@@ -36,11 +36,13 @@ struct JoinOutcome {
 class ManagerClient {
  public:
   /// Does not connect yet. `address` is "host:port". With `ca`, `cert` and `key` (PEM files)
-  /// the channel is mutual TLS; without them, no TLS (the caller checked that this was asked
-  /// for). A file that cannot be read makes every call fail with its sentence.
+  /// the channel is mutual TLS, checking the manager's certificate against `server_name` when
+  /// given (else the host of `address`); without them, no TLS (the caller checked that this was
+  /// asked for). A file that cannot be read makes every call fail with its sentence.
   static std::unique_ptr<ManagerClient> make(const std::string& address, const std::string& ca = {},
                                              const std::string& cert = {},
-                                             const std::string& key = {});
+                                             const std::string& key = {},
+                                             const std::string& server_name = {});
   virtual ~ManagerClient() = default;  ///< stops heartbeats (does not Leave)
   /// Blocks up to req.wait_ms (+ a margin). Starts heartbeats when it returns ok.
   virtual JoinOutcome join(const JoinRequest& req) = 0;

@@ -835,8 +835,8 @@ const std::string& certs() {
     const std::string d = temp_dir("tls");
     const std::string make =
         std::string(TREEDUCE_SOURCE_ROOT) + "/deploy/examples/make-certs.sh " + d + " ";
-    for (const std::string what :
-         {"ca", "treeduce-manager IP:127.0.0.1", "treeduce-admin", "leaf0", "job", "job2"})
+    for (const std::string what : {"ca", "treeduce-manager IP:127.0.0.1", "treeduce-admin", "leaf0",
+                                   "job", "job2", "named DNS:manager.example"})
       EXPECT_EQ(std::system((make + what + " >/dev/null").c_str()), 0) << what;
     return d;
   }();
@@ -1086,6 +1086,30 @@ TEST(ManagerProcess, RefusesToStartWithoutCertificatesOrInsecure) {
             "(docs/deploy.md, \"TLS\"), or --insecure to run without authentication in a lab or "
             "test.\n");
   std::filesystem::remove_all(dir);
+}
+
+// A manager whose certificate names a host (DNS:manager.example) and not the address dialled:
+// refused in the handshake, unless the client says the name to expect (TlsOptions::server_name,
+// TREEDUCE_TLS_SERVER_NAME); another name is refused still.
+TEST_F(TlsManager, AServerNameOtherThanTheAddressDialled) {
+  tls::TlsOptions named = identity("named");
+  ManagerServer by_name(*reg, "127.0.0.1:0", 25, named);
+  ASSERT_TRUE(by_name.ok()) << by_name.error();
+  const std::string at = "127.0.0.1:" + std::to_string(by_name.port());
+  const auto list_with = [&](const std::string& server_name) {
+    tls::TlsOptions o = identity("job");
+    o.server_name = server_name;
+    std::string error;
+    auto creds = tls::channel_credentials(o, &error);
+    EXPECT_TRUE(creds) << error;
+    return list_switches(tls::channel(at, creds, o));
+  };
+  EXPECT_EQ(list_with("").error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(list_with("manager.example").ok());
+  EXPECT_EQ(list_with("other.example").error_code(), grpc::StatusCode::UNAVAILABLE);
+  setenv("TREEDUCE_TLS_SERVER_NAME", "manager.example", 1);
+  EXPECT_EQ(tls::from_environment().server_name, "manager.example");
+  unsetenv("TREEDUCE_TLS_SERVER_NAME");
 }
 
 // Only the admin identity changes the topology; bad text says the loader's sentence.

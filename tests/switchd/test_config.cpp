@@ -633,6 +633,14 @@ TEST_F(ConfigArgs, ManagerNeedsCertificatesOrInsecure) {
   r = args({"--config", plain.c_str(), "--tls-ca", "/a", "--tls-cert", "/b", "--tls-key", "/c"});
   ASSERT_TRUE(r.config.has_value()) << r.error;
   EXPECT_EQ(r.config->tls_cert, "/b");
+  EXPECT_EQ(r.config->tls_server_name, "");
+  r = args({"--config", plain.c_str(), "--tls-ca", "/a", "--tls-cert", "/b", "--tls-key", "/c",
+            "--tls-server-name", "manager.example"});
+  ASSERT_TRUE(r.config.has_value()) << r.error;
+  EXPECT_EQ(r.config->tls_server_name, "manager.example");
+  EXPECT_EQ(refused({"--config", plain.c_str(), "--insecure", "--tls-server-name", "m.example"}),
+            "tls_server_name is the name of the manager's certificate: it needs a manager and "
+            "tls_ca, tls_cert and tls_key.");
   // A static switch whose agent serves beyond loopback needs them too.
   const std::string open = write("open.yaml", kSwitch + "agent_listen: 0.0.0.0:9471\n");
   EXPECT_NE(refused({"--config", open.c_str()}).find("no TLS certificates"), std::string::npos);

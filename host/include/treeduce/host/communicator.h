@@ -122,6 +122,9 @@ struct Options {
   /// Mutual TLS with the manager (docs/host.md, "Security"): PEM files of the CA, this job's
   /// certificate and its key. A manager needs all three, or `insecure` (no TLS: labs and tests).
   std::string tls_ca, tls_cert, tls_key;
+  /// The name the manager's certificate carries when the host of `manager` is not it (a
+  /// subject alternative name); "" = the host of `manager`.
+  std::string tls_server_name;
   bool insecure = false;
   std::string host;          ///< this host's name or data IPv4 address in the topology
   std::string bind_address;  ///< local IPv4 for the UDP transport; "" = from `host` if IPv4
@@ -158,17 +161,17 @@ struct Options {
 };
 
 /// Reads TREEDUCE_MANAGER, TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY,
-/// TREEDUCE_INSECURE (0 or 1), TREEDUCE_JOB, TREEDUCE_RANK, TREEDUCE_WORLD_SIZE, TREEDUCE_HOST,
-/// TREEDUCE_BIND (bind_address), TREEDUCE_PORT, TREEDUCE_SLOTS, TREEDUCE_PAYLOAD_BYTES,
-/// TREEDUCE_RTO_US, TREEDUCE_MAX_RETRIES, TREEDUCE_PATH (auto|network|host),
-/// TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, the transport's variables
-/// (TransportOptions), a static tree's (TREEDUCE_STATIC_LEAF, _TREE_ID, _KEY, _CHILD_INDEX,
-/// _SLOTS, _PAYLOAD_BYTES, _DTYPES, _OPS, _DETERMINISTIC, _SWITCHES into static_tree), and the
-/// launchers' RANK/WORLD_SIZE (torchrun) and OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI)
-/// when treeduce's own are not set. Returns invalid_argument with the variable named in `*error`;
-/// then, when the variables still name a manager and a job, it has told the manager, which fails
-/// the job for every other rank at once (docs/host.md, "Environment"), and `*error` says whether
-/// that worked.
+/// TREEDUCE_TLS_SERVER_NAME, TREEDUCE_INSECURE (0 or 1), TREEDUCE_JOB, TREEDUCE_RANK,
+/// TREEDUCE_WORLD_SIZE, TREEDUCE_HOST, TREEDUCE_BIND (bind_address), TREEDUCE_PORT, TREEDUCE_SLOTS,
+/// TREEDUCE_PAYLOAD_BYTES, TREEDUCE_RTO_US, TREEDUCE_MAX_RETRIES, TREEDUCE_PATH
+/// (auto|network|host), TREEDUCE_FALLBACK_STORE, TREEDUCE_FALLBACK_ADDRESS, the transport's
+/// variables (TransportOptions), a static tree's (TREEDUCE_STATIC_LEAF, _TREE_ID, _KEY,
+/// _CHILD_INDEX, _SLOTS, _PAYLOAD_BYTES, _DTYPES, _OPS, _DETERMINISTIC, _SWITCHES into
+/// static_tree), and the launchers' RANK/WORLD_SIZE (torchrun) and
+/// OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI) when treeduce's own are not set. Returns
+/// invalid_argument with the variable named in `*error`; then, when the variables still name a
+/// manager and a job, it has told the manager, which fails the job for every other rank at once
+/// (docs/host.md, "Environment"), and `*error` says whether that worked.
 Result options_from_environment(Options* out, std::string* error);
 
 /// As above, with the variables in `overrides` read as if the environment held them (in place of
