@@ -311,9 +311,10 @@ std::string check(const SwitchConfig& c, const Lines& lines, bool security = tru
                             " with a port from " + std::to_string(a.min_port) + " to 65535, got " +
                             quote(*a.v) + ".");
   // A wildcard listen address is what the agent would advertise otherwise: the manager would
-  // dial 0.0.0.0, i.e. its own machine.
+  // dial 0.0.0.0, i.e. its own machine. Checked on the whole configuration only (`security`):
+  // the command line may give agent_advertise to a file that lacks it.
   const std::string listen_host = c.agent_listen.substr(0, c.agent_listen.rfind(':'));
-  if (!c.manager.empty() && c.agent_advertise.empty() &&
+  if (security && !c.manager.empty() && c.agent_advertise.empty() &&
       (listen_host == "0.0.0.0" || listen_host == "[::]" || listen_host == "::"))
     return err({&c.agent_listen, &c.manager},
                "agent_listen " + c.agent_listen +

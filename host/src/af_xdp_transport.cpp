@@ -84,9 +84,8 @@ LoadedXdpProgram::~LoadedXdpProgram() { bpf_object__close(obj_); }
 
 std::string LoadedXdpProgram::load(std::uint32_t ip, std::uint16_t port, bool frags) {
   bpf_object__close(obj_);  // a load again replaces the last
-  // What LIBBPF_OPTS does, without its GNU statement expression (a clang -Werror build).
-  bpf_object_open_opts o{};
-  o.sz = sizeof(o);
+  bpf_object_open_opts o;
+  detail::init_bpf_opts(&o);
   o.object_name = "treeduce_xdp";
   obj_ = bpf_object__open_mem(kTreeduceXdpObject, kTreeduceXdpObjectSize, &o);
   if (obj_ == nullptr) {
@@ -346,8 +345,8 @@ class AfXdpTransport final : public Transport {
     for (const std::uint32_t flags :
          {std::uint32_t{XDP_FLAGS_DRV_MODE}, std::uint32_t{XDP_FLAGS_SKB_MODE}}) {
       if (flags == XDP_FLAGS_DRV_MODE ? !try_native : !try_skb) continue;
-      bpf_link_create_opts lo{};
-      lo.sz = sizeof(lo);
+      bpf_link_create_opts lo;
+      detail::init_bpf_opts(&lo);
       lo.flags = flags;
       link_fd_ = bpf_link_create(program_.program_fd(), ifindex_, BPF_XDP, &lo);
       if (link_fd_ >= 0) {

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,15 @@ std::unique_ptr<Transport> make_af_xdp_transport(const AfXdpTransportOptions& op
                                                  std::string* error);
 
 namespace detail {
+
+/// What libbpf's LIBBPF_OPTS does for an options struct `*o` (every byte zero, padding too: libbpf
+/// checks that the bytes past the fields it knows are zero; then `sz`), without the GNU statement
+/// expression that a clang -Werror build refuses.
+template <class T>
+void init_bpf_opts(T* o) {
+  std::memset(o, 0, sizeof *o);
+  o->sz = sizeof *o;
+}
 
 /// The XDP program's object file, embedded at build time (generated source).
 extern const unsigned char kTreeduceXdpObject[];

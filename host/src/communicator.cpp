@@ -709,8 +709,6 @@ std::string manager_tls_problem(const Options& o) {
   return out;
 }
 
-// "" when `a` is HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one, PORT 1..65535),
-// else why not. Without a port gRPC would dial 443, the HTTPS port, and fail much later.
 // Why a static tree given in code cannot be a switch's (the environment's parser applies the same
 // rules to TREEDUCE_STATIC_*), or "": a programming error, refused on every path rather than
 // fallen back from with auto.
@@ -736,6 +734,8 @@ std::string static_tree_problem(const TreeAssignment& t) {
   return {};
 }
 
+// "" when `a` is HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one, PORT 1..65535),
+// else why not. Without a port gRPC would dial 443, the HTTPS port, and fail much later.
 std::string manager_address_problem(const std::string& a) {
   // gRPC's own target syntax (unix:/path, dns:///host:port, ipv4:..., ...) is gRPC's to check.
   for (const char* scheme : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:"})

@@ -1518,11 +1518,16 @@ int exec_in(const std::string& name, const std::string& host, const std::vector<
   // rank and world size are the caller's to give.
   const tls::TlsOptions job_tls = lab_tls(lab_dir(s.name), "job");
   const std::map<std::string, std::string> env = {
-      {"TREEDUCE_LAB", s.name},          {"TREEDUCE_LAB_HOST", h.name},
-      {"TREEDUCE_MANAGER", s.manager},   {"TREEDUCE_HOST", h.ip},
-      {"TREEDUCE_BIND", h.ip},           {"TREEDUCE_FALLBACK_ADDRESS", h.mgmt_ip},
-      {"TREEDUCE_TLS_CA", job_tls.ca},   {"TREEDUCE_TLS_CERT", job_tls.cert},
+      {"TREEDUCE_LAB", s.name},
+      {"TREEDUCE_LAB_HOST", h.name},
+      {"TREEDUCE_MANAGER", s.manager},
+      {"TREEDUCE_HOST", h.ip},
+      {"TREEDUCE_BIND", h.ip},
+      {"TREEDUCE_FALLBACK_ADDRESS", h.mgmt_ip},
+      {"TREEDUCE_TLS_CA", job_tls.ca},
+      {"TREEDUCE_TLS_CERT", job_tls.cert},
       {"TREEDUCE_TLS_KEY", job_tls.key},
+      {"TREEDUCE_TLS_SERVER_NAME", ""},  // the lab's manager certificate names its address
   };
   for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> a;
@@ -1633,9 +1638,9 @@ std::vector<std::string> mpirun_argv(const State& s, const std::vector<const Hos
       // Control and MPI traffic on the lab's management network, TCP only.
       "--mca", "oob_tcp_if_include", mgmt, "--mca", "btl", "tcp,self", "--mca",
       "btl_tcp_if_include", mgmt};
-  for (const char* v :
-       {"TREEDUCE_MANAGER", "TREEDUCE_JOB", "TREEDUCE_FALLBACK_STORE", "TREEDUCE_LAB",
-        "MASTER_ADDR", "MASTER_PORT", "TREEDUCE_TLS_CA", "TREEDUCE_TLS_CERT", "TREEDUCE_TLS_KEY"}) {
+  for (const char* v : {"TREEDUCE_MANAGER", "TREEDUCE_JOB", "TREEDUCE_FALLBACK_STORE",
+                        "TREEDUCE_LAB", "MASTER_ADDR", "MASTER_PORT", "TREEDUCE_TLS_CA",
+                        "TREEDUCE_TLS_CERT", "TREEDUCE_TLS_KEY", "TREEDUCE_TLS_SERVER_NAME"}) {
     argv.push_back("-x");
     argv.push_back(v);
   }
@@ -1718,7 +1723,7 @@ int run_ranks(const std::string& name, const RunArgs& a) {
             {"TREEDUCE_FALLBACK_STORE", store}, {"TREEDUCE_LAB", s.name},
             {"OMPI_ALLOW_RUN_AS_ROOT", "1"},    {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
             {"TREEDUCE_TLS_CA", job_tls.ca},    {"TREEDUCE_TLS_CERT", job_tls.cert},
-            {"TREEDUCE_TLS_KEY", job_tls.key},
+            {"TREEDUCE_TLS_KEY", job_tls.key},  {"TREEDUCE_TLS_SERVER_NAME", ""},
         };
         for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
         std::vector<char*> argv;
@@ -1754,6 +1759,7 @@ int run_ranks(const std::string& name, const RunArgs& a) {
           {"TREEDUCE_TLS_CA", job_tls.ca},
           {"TREEDUCE_TLS_CERT", job_tls.cert},
           {"TREEDUCE_TLS_KEY", job_tls.key},
+          {"TREEDUCE_TLS_SERVER_NAME", ""},  // the lab's manager certificate names its address
       };
       for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;

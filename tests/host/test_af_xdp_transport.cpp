@@ -93,8 +93,8 @@ std::vector<std::uint8_t> frame_to(std::uint32_t ip, std::uint16_t port) {
 
 int run(int prog, std::vector<std::uint8_t> f) {
   f.resize(std::max<std::size_t>(f.size(), 14));
-  bpf_test_run_opts o{};  // LIBBPF_OPTS without its GNU extensions (clang -Werror)
-  o.sz = sizeof(o);
+  bpf_test_run_opts o;
+  treeduce::host::detail::init_bpf_opts(&o);
   o.data_in = f.data();
   o.data_size_in = std::uint32_t(f.size());
   o.repeat = 1;

@@ -67,6 +67,7 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   set("TREEDUCE_RTO_US", "10000");
   set("TREEDUCE_MAX_RETRIES", "30");
   set("TREEDUCE_DETERMINISTIC", "1");
+  set("TREEDUCE_TLS_SERVER_NAME", "manager.example");
   Options o;
   const treeduce::Status s = parse(&o);
   ASSERT_TRUE(s.ok()) << s.to_string();
@@ -85,6 +86,7 @@ TEST_F(Environment, TreeduceVariablesFillEveryField) {
   EXPECT_EQ(o.rto_us, 10000u);
   EXPECT_EQ(o.max_retries, 30u);
   EXPECT_TRUE(o.deterministic);
+  EXPECT_EQ(o.tls_server_name, "manager.example");
 }
 
 TEST_F(Environment, TorchrunGivesRankWorldAndJobAndTreeduceOverrides) {

@@ -213,6 +213,44 @@ TEST_F(ManagerClientTest, BadRequestsAreInvalidArgumentsAndUnknownHostsAreRefuse
   EXPECT_NE(o.reason.find("not in the topology"), std::string::npos) << o.reason;
 }
 
+// A manager whose certificate names manager.example, dialled at 127.0.0.1: the handshake fails
+// unless the client is given that name (Options::tls_server_name, TREEDUCE_TLS_SERVER_NAME). A
+// request the manager answers (a rank outside the world) shows that the call got through.
+TEST(ManagerClientTls, TheServerNameIsCheckedInsteadOfTheAddressWhenGiven) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("treeduce-mc-tls-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const std::string make =
+      std::string(TREEDUCE_SOURCE_ROOT) + "/deploy/examples/make-certs.sh " + dir.string() + " ";
+  for (const std::string what : {"ca", "treeduce-manager DNS:manager.example", "job"})
+    ASSERT_EQ(std::system((make + what + " >/dev/null").c_str()), 0) << what;
+  const std::string d = dir.string() + "/";
+  Topology topo = *load_topology_yaml(doc_yaml());
+  GrpcSwitchClient switches{1000};
+  RegistryOptions o;
+  o.require_registration = false;
+  JobRegistry reg(topo, switches, o);
+  ManagerServer server(
+      reg, "127.0.0.1:0", 25,
+      {d + "ca.pem", d + "treeduce-manager.pem", d + "treeduce-manager.key", false});
+  ASSERT_TRUE(server.ok()) << server.error();
+  const std::string addr = "127.0.0.1:" + std::to_string(server.port());
+  const auto join = [&](const std::string& server_name) {
+    auto c = ManagerClient::make(addr, d + "ca.pem", d + "job.pem", d + "job.key", server_name);
+    JoinRequest r = request("named", 3, 2, "h0");
+    r.wait_ms = 2000;
+    const JoinOutcome out = c->join(r);
+    c->leave();
+    return out;
+  };
+  JoinOutcome out = join("manager.example");
+  EXPECT_EQ(out.result, Result::invalid_argument) << out.reason;
+  EXPECT_EQ(out.reason, "Rank 3 does not exist in job 'named' of world size 2.");
+  EXPECT_EQ(join("").result, Result::unavailable);
+  EXPECT_EQ(join("other.example").result, Result::unavailable);
+  fs::remove_all(dir);
+}
+
 TEST_F(ManagerClientTest, NoManagerIsUnavailableWithinTheDeadline) {
   auto c = ManagerClient::make("127.0.0.1:1");
   JoinRequest r = request("lonely", 0, 1, "h0");

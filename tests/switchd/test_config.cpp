@@ -641,6 +641,15 @@ TEST_F(ConfigArgs, ManagerNeedsCertificatesOrInsecure) {
   EXPECT_EQ(refused({"--config", plain.c_str(), "--insecure", "--tls-server-name", "m.example"}),
             "tls_server_name is the name of the manager's certificate: it needs a manager and "
             "tls_ca, tls_cert and tls_key.");
+  // The command line may give what makes a file's wildcard agent_listen dialable.
+  const std::string wild =
+      write("wild.yaml",
+            kSwitch + "manager: 127.0.0.1:9300\ninsecure: true\nagent_listen: 0.0.0.0:9471\n");
+  EXPECT_NE(refused({"--config", wild.c_str()}).find("is every address of this machine"),
+            std::string::npos);
+  r = args({"--config", wild.c_str(), "--agent-advertise", "10.0.0.1:9471"});
+  ASSERT_TRUE(r.config.has_value()) << r.error;
+  EXPECT_EQ(r.config->agent_advertise, "10.0.0.1:9471");
   // A static switch whose agent serves beyond loopback needs them too.
   const std::string open = write("open.yaml", kSwitch + "agent_listen: 0.0.0.0:9471\n");
   EXPECT_NE(refused({"--config", open.c_str()}).find("no TLS certificates"), std::string::npos);
