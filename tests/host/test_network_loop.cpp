@@ -18,18 +18,23 @@
 namespace treeduce::host {
 namespace {
 
+// What a one-rank switch answers a CONTRIB with: its header as a RESULT, its payload.
+std::vector<std::uint8_t> result_of(const OutPacket& p) {
+  proto::TdHdr td = p.td;
+  td.opcode = static_cast<std::uint8_t>(proto::Opcode::result);
+  std::vector<std::uint8_t> d(sizeof td + p.payload_len);
+  std::memcpy(d.data(), &td, sizeof td);
+  std::memcpy(d.data() + sizeof td, p.payload, p.payload_len);
+  return d;
+}
+
 class HoldingTransport final : public Transport {
  public:
   std::size_t batch() const noexcept override { return 16; }
   std::string send(const OutPacket* p, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) {
       held_.push_back({p[i].payload, p[i].payload_len, receives_ + 3});
-      proto::TdHdr td = p[i].td;
-      td.opcode = static_cast<std::uint8_t>(proto::Opcode::result);
-      std::vector<std::uint8_t> d(sizeof td + p[i].payload_len);
-      std::memcpy(d.data(), &td, sizeof td);
-      std::memcpy(d.data() + sizeof td, p[i].payload, p[i].payload_len);
-      pending_.push_back(std::move(d));
+      pending_.push_back(result_of(p[i]));
       ++stats_.sent;
     }
     return {};
@@ -123,12 +128,7 @@ class QueuedTransport final : public Transport {
   std::size_t batch() const noexcept override { return 16; }
   std::string send(const OutPacket* p, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) {
-      proto::TdHdr td = p[i].td;
-      td.opcode = static_cast<std::uint8_t>(proto::Opcode::result);
-      std::vector<std::uint8_t> d(sizeof td + p[i].payload_len);
-      std::memcpy(d.data(), &td, sizeof td);
-      std::memcpy(d.data() + sizeof td, p[i].payload, p[i].payload_len);
-      queue_.push_back(std::move(d));
+      queue_.push_back(result_of(p[i]));
       ++stats_.sent;
     }
     return {};
