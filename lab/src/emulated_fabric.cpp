@@ -123,6 +123,12 @@ std::vector<std::string> Fabric::rank_env(int h, const std::string& job) const {
     env.push_back("TREEDUCE_DPDK_PORT=net_memif0");
     env.push_back("TREEDUCE_LOCAL_MAC=" + host_mac(h));
     env.push_back("TREEDUCE_LEAF_MAC=" + leaf_port_mac(h));
+  } else if (opt_.host_transport == HostTransport::af_xdp) {
+    // An AF_XDP socket on eth0, the interface of the route to the leaf; the kernel answers ARP
+    // and carries the management traffic beside it (docs/host.md, "Transports"). Above an MTU
+    // of about a page the transport loads its program with multi-buffer frames (frags), which
+    // native XDP on veth then accepts: nothing to set on the veths.
+    env.push_back("TREEDUCE_TRANSPORT=af_xdp");
   } else if (opt_.host_gso) {
     env.push_back("TREEDUCE_UDP_GSO=1");
   }

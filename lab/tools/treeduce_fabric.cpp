@@ -115,9 +115,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"two-level", "leaf"}))
       ->capture_default_str();
   app.add_option("--hosts", hosts,
-                 "udp: kernel sockets on veth to af_packet ports; dpdk: libtreeduce's DPDK "
+                 "udp: kernel sockets on veth to af_packet ports; af_xdp: libtreeduce's AF_XDP "
+                 "transport on those veths (when built with it); dpdk: libtreeduce's DPDK "
                  "transport on memif (kernel bypass; leaf only)")
-      ->check(CLI::IsMember({"udp", "dpdk"}))
+      ->check(CLI::IsMember({"udp", "af_xdp", "dpdk"}))
       ->capture_default_str();
   app.add_option("--mtu", fo.mtu, "MTU of the data links (jumbo: 8300 carries 8 KiB payloads)")
       ->check(CLI::Range(1500, 8400))
@@ -178,15 +179,29 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   fo.shape = topology == "leaf" ? FabricShape::one_leaf : FabricShape::two_level;
-  fo.host_transport = hosts == "dpdk" ? HostTransport::dpdk : HostTransport::udp;
+  fo.host_transport = hosts == "dpdk"     ? HostTransport::dpdk
+                      : hosts == "af_xdp" ? HostTransport::af_xdp
+                                          : HostTransport::udp;
+#ifndef TREEDUCE_HAVE_AF_XDP
+  if (fo.host_transport == HostTransport::af_xdp) {
+    std::fprintf(stderr,
+                 "treeduce-fabric: --hosts af_xdp needs libtreeduce's af_xdp transport, which "
+                 "this build does not have (it needs libxdp, libbpf and clang: install "
+                 "libxdp-dev, libbpf-dev and clang, as scripts/deps.sh does, and reconfigure).\n");
+    return 2;
+  }
+#endif
   if (fo.host_transport == HostTransport::dpdk && fo.shape != FabricShape::one_leaf) {
     std::fprintf(stderr, "treeduce-fabric: --hosts dpdk needs --topology leaf.\n");
     return 2;
   }
-  if (fo.host_transport == HostTransport::dpdk && app.count("--gso") != 0) {
-    std::fprintf(stderr, "treeduce-fabric: --gso is for kernel UDP hosts, not --hosts dpdk.\n");
+  if (fo.host_transport != HostTransport::udp && app.count("--gso") != 0 && fo.host_gso) {
+    std::fprintf(stderr, "treeduce-fabric: --gso is for kernel UDP hosts, not --hosts %s.\n",
+                 hosts.c_str());
     return 2;
   }
+  // GSO is the kernel UDP hosts' default only.
+  if (fo.host_transport != HostTransport::udp) fo.host_gso = false;
   if (fo.host_memif_zero_copy && fo.host_transport != HostTransport::dpdk) {
     std::fprintf(stderr, "treeduce-fabric: --memif-zero-copy is for --hosts dpdk.\n");
     return 2;
@@ -235,13 +250,17 @@ int main(int argc, char** argv) {
     char loss_text[64] = "";
     if (loss > 0)
       std::snprintf(loss_text, sizeof loss_text, ", %g %% loss on every link", loss * 100);
-    const bool dpdk = fo.host_transport == HostTransport::dpdk;
+    const char* host_text = fo.host_transport == HostTransport::dpdk
+                                ? "libtreeduce's DPDK transport on memif"
+                            : fo.host_transport == HostTransport::af_xdp
+                                ? "libtreeduce's AF_XDP transport on veth to af_packet"
+                            : fo.host_gso ? "kernel UDP with GSO on veth to af_packet"
+                                          : "kernel UDP on veth to af_packet";
     std::printf(
         "[1/3] fabric: manager, %s, 4 host namespaces (%s, MTU %d, %u-byte payloads)%s ...\n",
         leaf ? "leaf0 (treeduce-switch)"
              : "leaf0 + leaf1 + spine (treeduce-switch on memif and af_packet)",
-        dpdk ? "libtreeduce's DPDK transport on memif" : "kernel UDP on veth to af_packet", fo.mtu,
-        fo.payload_bytes, loss_text);
+        host_text, fo.mtu, fo.payload_bytes, loss_text);
     if (const std::string e = fab.up(); !e.empty()) {
       std::fprintf(stderr, "treeduce-fabric: %s\n", e.c_str());
       return 1;

@@ -1,8 +1,9 @@
 // treeduce-fabric, the benchmark's fabric, as a user runs it (the built
-// binary): one leaf switch with jumbo frames and 8 KiB payloads, kernel UDP hosts with GSO and
-// kernel-bypass hosts (libtreeduce's DPDK transport on memif), and treeduce-perf's Gloo and
-// Open MPI baselines launched by mpirun inside the host namespaces. Every row must be verified on
-// every backend and treeduce's must have gone through the switch. Needs root (namespaces).
+// binary): one leaf switch with jumbo frames and 8 KiB payloads, kernel UDP hosts with GSO,
+// AF_XDP hosts (libtreeduce's af_xdp transport on the same veths) and kernel-bypass hosts
+// (libtreeduce's DPDK transport on memif), and treeduce-perf's Gloo and Open MPI baselines launched
+// by mpirun inside the host namespaces. Every row must be verified on every backend and treeduce's
+// must have gone through the switch. Needs root (namespaces).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -114,6 +115,32 @@ TEST_F(BenchFabric, JumboUdpHostsWithGso) {
   expect_verified(rows(json_), 3 * 2, {"gloo"});
 }
 
+// AF_XDP hosts: 8 KiB payloads in multi-buffer frames through one leaf beside Gloo's ring (the
+// benchmark's configuration), then through two leaves and the spine; every rank's transport is
+// af_xdp (it says so once), not kernel UDP.
+TEST_F(BenchFabric, AfXdpHostsWithJumboFramesOnEitherTopology) {
+#ifndef TREEDUCE_HAVE_AF_XDP
+  GTEST_SKIP() << "built without the af_xdp transport (libxdp, libbpf, clang)";
+#endif
+  Outcome r =
+      run("--topology leaf --hosts af_xdp --mtu 8300 --payload 8192 --slots 64 "
+          "--rto-us 10000 --compare gloo --json-out " +
+          json_ + " -- -b 4096 -e 1048576 -f 16 -d f32 -o sum -n 2 -w 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("(libtreeduce's AF_XDP transport on veth"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("treeduce: info: af_xdp transport on eth0 "), std::string::npos)
+      << r.output;
+  expect_verified(rows(json_), 3, {"gloo"});
+  std::remove(json_.c_str());
+  r = run("--topology two-level --hosts af_xdp --mtu 8300 --json-out " + json_ +
+          " -- -b 65536 -e 1048576 -f 16 -d f32 -o sum -n 2 -w 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("treeduce: info: af_xdp transport on eth0 "), std::string::npos)
+      << r.output;
+  expect_verified(rows(json_), 2, {});
+}
+
 TEST_F(BenchFabric, RefusesWhatItCannotBuild) {
   Outcome r = run("--topology two-level --hosts dpdk");
   EXPECT_EQ(r.status, 2);
@@ -124,6 +151,20 @@ TEST_F(BenchFabric, RefusesWhatItCannotBuild) {
   r = run("--topology leaf --memif-zero-copy");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("--memif-zero-copy is for --hosts dpdk"), std::string::npos) << r.output;
+#ifdef TREEDUCE_HAVE_AF_XDP
+  r = run("--hosts af_xdp --gso");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--gso is for kernel UDP hosts, not --hosts af_xdp"), std::string::npos)
+      << r.output;
+  r = run("--hosts af_xdp --memif-zero-copy");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--memif-zero-copy is for --hosts dpdk"), std::string::npos) << r.output;
+#else
+  r = run("--hosts af_xdp");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--hosts af_xdp needs libtreeduce's af_xdp transport"), std::string::npos)
+      << r.output;
+#endif
   r = run("--mtu 1500 --payload 8192");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("needs an MTU of at least 8252"), std::string::npos) << r.output;

@@ -22,9 +22,10 @@ namespace treeduce::lab {
 
 enum class FabricShape { two_level, one_leaf };
 /// How the host ranks reach their leaf: kernel UDP sockets over a veth pair to the leaf's
-/// net_af_packet port, or libtreeduce's DPDK transport on a memif link (kernel bypass, as RDMA
-/// hosts do; only with one_leaf).
-enum class HostTransport { udp, dpdk };
+/// net_af_packet port; libtreeduce's AF_XDP transport on that same veth (its XDP program on the
+/// host's end, the kernel keeping ARP; every shape); or libtreeduce's DPDK transport on a memif
+/// link (kernel bypass, as RDMA hosts do; only with one_leaf).
+enum class HostTransport { udp, dpdk, af_xdp };
 
 struct FabricOptions {
   std::string switch_bin;       ///< treeduce-switch
@@ -39,7 +40,7 @@ struct FabricOptions {
   int mtu = 1500;
   HostTransport host_transport = HostTransport::udp;
   /// Kernel UDP hosts send with UDP GSO (TREEDUCE_UDP_GSO=1), their veth segmenting in software
-  /// as a NIC with USO would in hardware.
+  /// as a NIC with USO would in hardware. Ignored for the other transports.
   bool host_gso = false;
   /// DPDK hosts' memif ports in DPDK's zero-copy mode (client `zero-copy=yes`, the EAL with
   /// --single-file-segments): the switch reads and writes the ranks' own mbufs (docs/host.md,
