@@ -234,6 +234,7 @@ struct Row {
   const char* path;  // treeduce's: network, host, mixed or FAILED
   std::uint64_t fallbacks;
   std::uint64_t retransmits;  // rank 0's during this row's treeduce operations
+  int back_to_back;           // --back-to-back N, 0 without
 };
 
 // CPU milliseconds per allreduced MiB (of each rank's input), from a CPU time per iteration.
@@ -271,11 +272,13 @@ std::string json_row(const Row& r, const std::vector<Outcome>& outs) {
   char head[256];
   std::snprintf(head, sizeof head,
                 "{\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"op\":\"%s\",\"ranks\":%u,"
-                "\"iters\":%d,\"warmup\":%d,\"treeduce\":{",
+                "\"iters\":%d,\"warmup\":%d,",
                 r.nbytes, r.count, name(r.dtype).data(), name(r.op).data(), r.world, r.iters,
                 r.warmup);
   std::string s = head;
-  s += "\"time_us\":" + json_number(td_ok, 3, td.timing.mean_us) +
+  // A --back-to-back run says how many allreduces went at once.
+  if (r.back_to_back > 0) s += "\"back_to_back\":" + std::to_string(r.back_to_back) + ",";
+  s += "\"treeduce\":{\"time_us\":" + json_number(td_ok, 3, td.timing.mean_us) +
        ",\"min_us\":" + json_number(td_ok, 3, td.timing.min_us) +
        ",\"cpu_us\":" + json_number(td_ok, 3, td.cpu_us_ranks) +
        ",\"algbw_GBps\":" + json_number(td_ok, 4, td_bw) +
@@ -456,7 +459,8 @@ class Sweep {
                   : on_host           ? "host"
                                       : "network",
                   comm_.stats().fallback_ops,
-                  after.retransmits - before.retransmits};
+                  after.retransmits - before.retransmits,
+                  cfg_.back_to_back};
     report(row, outs);
   }
 

@@ -21,6 +21,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -34,6 +35,14 @@ using namespace treeduce::lab;
 
 std::atomic<bool> g_interrupted{false};
 void on_signal(int) { g_interrupted = true; }
+
+// CPU time of a running process, every thread, user and system (seconds); -1 when unreadable.
+double process_cpu_s(pid_t pid) {
+  clockid_t clock;
+  timespec ts{};
+  if (clock_getcpuclockid(pid, &clock) != 0 || clock_gettime(clock, &ts) != 0) return -1;
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -272,6 +281,8 @@ int main(int argc, char** argv) {
         "checked\n",
         compare.empty() ? "" : " side by side with ", compare.c_str());
     t = std::chrono::steady_clock::now();
+    std::vector<double> switch_cpu;  // each switch's CPU time when the ranks start
+    for (const Proc* sw : fab.switches()) switch_cpu.push_back(process_cpu_s(sw->pid));
     // ranks[0]'s log has rank 0's table: its own, or mpirun's (all ranks' output merged).
     std::vector<Proc*> ranks;
     if (mpi) {
@@ -317,7 +328,21 @@ int main(int argc, char** argv) {
                      p->status, Lab::read_log(*p).c_str());
       }
     }
-    std::printf("[3/3] teardown (%.1f s of allreduce)\n", seconds_since(t));
+    // What the switches' datapaths cost while the ranks ran (scripts/bench.sh's report sets it
+    // beside the ranks' own CPU time).
+    const double ran = seconds_since(t);
+    std::string cpu;
+    for (std::size_t i = 0; i < fab.switches().size() && i < switch_cpu.size(); ++i) {
+      const double now = process_cpu_s(fab.switches()[i]->pid);
+      if (now < 0 || switch_cpu[i] < 0) continue;
+      char one[128];
+      std::snprintf(one, sizeof one, "%s%s %.2f s (%.0f%% of one CPU)", cpu.empty() ? "" : ", ",
+                    fab.switches()[i]->name.c_str(), now - switch_cpu[i],
+                    ran > 0 ? 100 * (now - switch_cpu[i]) / ran : 0.0);
+      cpu += one;
+    }
+    if (!cpu.empty()) std::printf("      switch CPU while the ranks ran: %s\n", cpu.c_str());
+    std::printf("[3/3] teardown (%.1f s of allreduce)\n", ran);
     const std::vector<int> status = fab.stop();
     for (std::size_t i = 0; i < status.size(); ++i) {
       if (status[i] != 0 && rc == 0) {

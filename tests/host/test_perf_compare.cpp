@@ -328,6 +328,7 @@ TEST(PerfCompare, BackToBack) {
   if (HasFailure()) return;
   const std::vector<json> rows = read_json_lines(jsonl);
   ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].value("back_to_back", 0), 8) << rows[0].dump();
   EXPECT_EQ(rows[0]["treeduce"]["wrong"].get<long>(), 0);
   EXPECT_EQ(rows[0]["sequential"]["wrong"].get<long>(), 0);
   EXPECT_FALSE(rows[0]["sequential"]["speedup"].is_null());

@@ -113,6 +113,9 @@ TEST_F(BenchFabric, JumboUdpHostsWithGso) {
           json_ + " -- -b 4096 -e 1048576 -f 16 -d f32,e4m3 -o sum -n 2 -w 1");
   ASSERT_EQ(r.status, 0) << r.output;
   expect_verified(rows(json_), 3 * 2, {"gloo"});
+  // The switch's CPU time while the ranks ran, for scripts/bench.sh's report.
+  EXPECT_NE(r.output.find("switch CPU while the ranks ran: leaf0 "), std::string::npos)
+      << r.output;
 }
 
 // AF_XDP hosts: 8 KiB payloads in multi-buffer frames through one leaf beside Gloo's ring (the
