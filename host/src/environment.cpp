@@ -25,6 +25,7 @@
 
 #include "environment.h"
 #include "errors.h"
+#include "treeduce/common/tls_options.h"
 #include "treeduce/protocol/tree.h"
 
 namespace treeduce::host {
@@ -403,15 +404,17 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
   }
 
   if (const Var v = first_of({"TREEDUCE_MANAGER"}); v.name) o.manager = v.value;
-  if (const Var v = first_of({"TREEDUCE_TLS_CA"}); v.name) o.tls_ca = v.value;
-  if (const Var v = first_of({"TREEDUCE_TLS_CERT"}); v.name) o.tls_cert = v.value;
-  if (const Var v = first_of({"TREEDUCE_TLS_KEY"}); v.name) o.tls_key = v.value;
-  if (const Var v = first_of({"TREEDUCE_TLS_SERVER_NAME"}); v.name) o.tls_server_name = v.value;
-  if (const Var v = first_of({"TREEDUCE_INSECURE"}); v.name) {
-    // The sentence tdr_comm_create() and the CLI give too (tls::from_environment()).
-    if (v.value != "0" && v.value != "1")
-      return invalid_argument("TREEDUCE_INSECURE is '" + v.value + "'; it must be 0 or 1.");
-    o.insecure = v.value == "1";
+  {
+    // TREEDUCE_TLS_* and TREEDUCE_INSECURE as tdr_comm_create() and the CLI read them.
+    tls::TlsOptions t{o.tls_ca, o.tls_cert, o.tls_key, o.insecure, o.tls_server_name};
+    std::string bad;
+    tls::read_environment(env, &t, &bad);
+    if (!bad.empty()) return invalid_argument(bad);
+    o.tls_ca = std::move(t.ca);
+    o.tls_cert = std::move(t.cert);
+    o.tls_key = std::move(t.key);
+    o.tls_server_name = std::move(t.server_name);
+    o.insecure = t.insecure;
   }
   if (const Var v = first_of({"TREEDUCE_HOST"}); v.name) {
     o.host = v.value;

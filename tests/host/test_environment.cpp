@@ -12,6 +12,7 @@
 
 #include "debug_env.h"
 #include "environment.h"
+#include "treeduce/common/tls_options.h"
 #include "treeduce/host/communicator.h"
 
 using treeduce::Code;
@@ -50,6 +51,34 @@ struct Environment : ::testing::Test {
 };
 
 }  // namespace
+
+// The one reader of TREEDUCE_TLS_* (libtreeduce's parser above, tls::from_environment() for
+// tdr_comm_create() and the CLI): unset or empty keeps a field; a malformed TREEDUCE_INSECURE
+// keeps `insecure`, says why, and the other variables are read all the same.
+TEST_F(Environment, TlsVariablesOverlayWhatIsThere) {
+  treeduce::tls::TlsOptions t{"/etc/ca.pem", "/etc/host.pem", "/etc/host.key", true, "m.example"};
+  std::string error;
+  set("TREEDUCE_TLS_CA", "");
+  treeduce::tls::read_environment(lookup(), &t, &error);
+  EXPECT_EQ(t.ca, "/etc/ca.pem");
+  EXPECT_EQ(t.cert, "/etc/host.pem");
+  EXPECT_EQ(t.server_name, "m.example");
+  EXPECT_TRUE(t.insecure);
+  EXPECT_EQ(error, "");
+  set("TREEDUCE_TLS_CA", "/run/ca.pem");
+  set("TREEDUCE_TLS_KEY", "/run/host.key");
+  set("TREEDUCE_INSECURE", "yes");
+  treeduce::tls::read_environment(lookup(), &t, &error);
+  EXPECT_EQ(t.ca, "/run/ca.pem");
+  EXPECT_EQ(t.key, "/run/host.key");
+  EXPECT_TRUE(t.insecure);
+  EXPECT_EQ(error, "TREEDUCE_INSECURE is 'yes'; it must be 0 or 1.");
+  set("TREEDUCE_INSECURE", "0");
+  error.clear();
+  treeduce::tls::read_environment(lookup(), &t, &error);
+  EXPECT_FALSE(t.insecure);
+  EXPECT_EQ(error, "");
+}
 
 TEST_F(Environment, TreeduceVariablesFillEveryField) {
   set("TREEDUCE_MANAGER", "10.0.0.9:9300");
