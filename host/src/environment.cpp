@@ -177,21 +177,6 @@ treeduce::Status name_mask(const Var& v, std::string_view list, Parse parse, std
   return treeduce::Status::Ok();
 }
 
-// "a.b.c.d:port" with a port from 1 to 65535, or why not.
-treeduce::Status leaf_address(const Var& v) {
-  const auto colon = v.value.rfind(':');
-  in_addr ip{};
-  std::uint64_t port = 0;
-  if (colon == std::string::npos ||
-      inet_pton(AF_INET, v.value.substr(0, colon).c_str(), &ip) != 1 ||
-      !parse_number(v.name, std::string_view(v.value).substr(colon + 1), 1, 65535, &port).ok()) {
-    return invalid_argument(std::string(v.name) + " is '" + v.value +
-                            "', not the leaf switch's data address as IPv4:PORT "
-                            "(10.0.1.1:4791).");
-  }
-  return treeduce::Status::Ok();
-}
-
 // The static tree's variables (docs/host.md, "Environment"; TreeAssignment) into `*t`. A leaf
 // makes a static tree; the tree id, key and child index must then be given (a default would
 // make every rank child 0 of tree 0, which no switch was configured for); any of them without
@@ -217,7 +202,10 @@ treeduce::Status parse_static_tree(
         "TREEDUCE_MANAGER and TREEDUCE_STATIC_LEAF are both set; a job takes its tree from one of "
         "them.");
   TreeAssignment s = *t;
-  if (auto st = leaf_address(leaf); !st.ok()) return st;
+  if (!is_leaf_address(leaf.value))
+    return invalid_argument(std::string(leaf.name) + " is '" + leaf.value +
+                            "', not the leaf switch's data address as IPv4:PORT "
+                            "(10.0.1.1:4791).");
   s.leaf_address = leaf.value;
   std::uint64_t x = 0;
   for (const char* n :
@@ -322,6 +310,15 @@ treeduce::Status parse_number(std::string_view name, std::string_view value, std
   }
   *out = x;
   return treeduce::Status::Ok();
+}
+
+bool is_leaf_address(std::string_view a) {
+  const auto colon = a.rfind(':');
+  in_addr ip{};
+  std::uint64_t port = 0;
+  return colon != std::string_view::npos &&
+         inet_pton(AF_INET, std::string(a.substr(0, colon)).c_str(), &ip) == 1 &&
+         parse_number("", a.substr(colon + 1), 1, 65535, &port).ok();
 }
 
 treeduce::Status parse_transport_environment(const EnvLookup& env, TransportOptions* out) {

@@ -387,6 +387,18 @@ TEST_F(Environment, NumbersAreWholeAndInRange) {
   EXPECT_EQ(x, UINT64_MAX);
 }
 
+// The one check of a static tree's leaf address, for TREEDUCE_STATIC_LEAF and for a
+// TreeAssignment given in code (Communicator::create()).
+TEST(LeafAddress, IsIpv4AndAPortFrom1To65535) {
+  using treeduce::host::is_leaf_address;
+  for (const char* good : {"10.0.1.1:4791", "10.0.1.1:1", "10.0.1.1:65535", "10.0.1.1:004791"})
+    EXPECT_TRUE(is_leaf_address(good)) << good;
+  for (const char* bad :
+       {"", "10.0.1.1", "10.0.1.1:", "10.0.1.1:0", "10.0.1.1:65536", "leaf0:4791",
+        "10.0.1.256:4791", "10.0.1.1:+4791", "10.0.1.1: 4791", ":4791", "[::1]:4791"})
+    EXPECT_FALSE(is_leaf_address(bad)) << bad;
+}
+
 // What a rank whose environment is malformed can still say of itself, to tell the manager
 // (docs/host.md, "Environment"): the manager, the job and the rank, each only when it is itself
 // well formed.
