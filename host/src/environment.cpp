@@ -17,6 +17,7 @@
 #include <charconv>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -64,15 +65,12 @@ treeduce::Status ipv4(const Var& v) {
   return treeduce::Status::Ok();
 }
 
-// An Ethernet address as six hexadecimal pairs separated by colons (TREEDUCE_LEAF_MAC,
-// TREEDUCE_LOCAL_MAC): refused here whatever the transport, rather than when dpdk or verbs opens.
+// An Ethernet address (TREEDUCE_LEAF_MAC, TREEDUCE_LOCAL_MAC): refused here whatever the
+// transport, rather than when dpdk or verbs opens.
 treeduce::Status mac(const Var& v) {
-  const std::string& m = v.value;
-  bool ok = m.size() == 17;
-  for (std::size_t i = 0; ok && i < m.size(); ++i)
-    ok = i % 3 == 2 ? m[i] == ':' : std::isxdigit(static_cast<unsigned char>(m[i])) != 0;
-  if (!ok)
-    return invalid_argument(std::string(v.name) + " is '" + m +
+  std::uint8_t m[6];
+  if (!parse_mac(v.value, m))
+    return invalid_argument(std::string(v.name) + " is '" + v.value +
                             "', not a MAC address (02:00:00:00:00:01).");
   return treeduce::Status::Ok();
 }
@@ -310,6 +308,22 @@ treeduce::Status parse_number(std::string_view name, std::string_view value, std
   }
   *out = x;
   return treeduce::Status::Ok();
+}
+
+bool parse_mac(std::string_view s, std::uint8_t out[6]) {
+  if (s.size() != 17) return false;
+  std::uint8_t m[6];
+  for (std::size_t i = 0; i < 6; ++i) {
+    if (i != 0 && s[3 * i - 1] != ':') return false;
+    const char* b = s.data() + 3 * i;
+    // from_chars would take a sign or a single digit; two hexadecimal digits exactly.
+    if (std::isxdigit(static_cast<unsigned char>(b[0])) == 0 ||
+        std::isxdigit(static_cast<unsigned char>(b[1])) == 0)
+      return false;
+    std::from_chars(b, b + 2, m[i], 16);
+  }
+  std::memcpy(out, m, 6);
+  return true;
 }
 
 bool is_leaf_address(std::string_view a) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstring>
 #include <map>
 #include <string>
 #include <tuple>
@@ -385,6 +386,22 @@ TEST_F(Environment, NumbersAreWholeAndInRange) {
   EXPECT_EQ(parse_number("TREEDUCE_X", "5", 6, 9, &x).message(),
             "TREEDUCE_X is '5', not a whole number from 6 to 9.");
   EXPECT_EQ(x, UINT64_MAX);
+}
+
+// The one MAC parser: TREEDUCE_LOCAL_MAC and TREEDUCE_LEAF_MAC, and the verbs transport's
+// options.
+TEST(Mac, SixHexPairsSeparatedByColons) {
+  std::uint8_t m[6] = {};
+  ASSERT_TRUE(treeduce::host::parse_mac("0a:1B:2c:3D:4e:5F", m));
+  const std::uint8_t want[6] = {0x0a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f};
+  EXPECT_EQ(std::memcmp(m, want, 6), 0);
+  for (const char* bad :
+       {"", "0a:1b:2c:3d:4e", "0a:1b:2c:3d:4e:5f:", "0a-1b-2c-3d-4e-5f", "0g:1b:2c:3d:4e:5f",
+        "0a:1b:2c:3d:4e:5", " 0a:1b:2c:3d:4e:5f", "+a:1b:2c:3d:4e:5f", "0a:1b:2c:3d:4e:5 "}) {
+    std::uint8_t before[6] = {1, 2, 3, 4, 5, 6};
+    EXPECT_FALSE(treeduce::host::parse_mac(bad, before)) << bad;
+    EXPECT_EQ(before[0], 1) << "untouched on failure: " << bad;
+  }
 }
 
 // The one check of a static tree's leaf address, for TREEDUCE_STATIC_LEAF and for a
