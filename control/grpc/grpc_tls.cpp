@@ -5,7 +5,6 @@
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -98,23 +97,6 @@ std::string peer_name(const grpc::ServerContext& ctx) {
 bool peer_authenticated(const grpc::ServerContext& ctx) {
   const auto auth = ctx.auth_context();
   return auth && auth->IsPeerAuthenticated();
-}
-
-TlsOptions from_environment(std::string* error) {
-  const auto get = [](const char* n) {
-    const char* v = std::getenv(n);
-    return v ? std::string(v) : std::string();
-  };
-  TlsOptions o;
-  o.ca = get("TREEDUCE_TLS_CA");
-  o.cert = get("TREEDUCE_TLS_CERT");
-  o.key = get("TREEDUCE_TLS_KEY");
-  o.server_name = get("TREEDUCE_TLS_SERVER_NAME");
-  const std::string insecure = get("TREEDUCE_INSECURE");
-  o.insecure = insecure == "1";
-  if (!insecure.empty() && insecure != "0" && insecure != "1" && error != nullptr)
-    *error = "TREEDUCE_INSECURE is '" + insecure + "'; it must be 0 or 1.";
-  return o;
 }
 
 }  // namespace treeduce::tls

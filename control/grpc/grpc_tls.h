@@ -6,12 +6,16 @@
 /// Identities are certificate common names (CN): the manager's and each switch's certificates
 /// name the daemon (a switch's CN is its topology name), an admin's carries the manager's admin CN
 /// (kDefaultAdminName unless configured), a job's host certificate any other name.
+///
+/// TlsOptions and from_environment() (TREEDUCE_TLS_*) are in treeduce/common/tls_options.h.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
 #include <string>
+
+#include "treeduce/common/tls_options.h"
 
 namespace treeduce::tls {
 
@@ -22,23 +26,6 @@ inline constexpr const char* kDefaultAdminName = "treeduce-admin";
 
 /// Trailing metadata of JobService.Join answers that holds the job's credential (manager.proto).
 inline constexpr const char* kCredentialMetadata = "treeduce-job-credential";
-
-/// Where the PEM files are, or the explicit choice of no security.
-struct TlsOptions {
-  std::string ca;    ///< CA certificate(s) that peers' certificates must chain to
-  std::string cert;  ///< this end's certificate (chain)
-  std::string key;   ///< its private key
-  bool insecure = false;
-  /// Client side: the name the server's certificate must carry (a subject alternative name)
-  /// when it differs from the host part of the address dialled, e.g. a manager dialled at
-  /// 10.0.0.100:9300 whose certificate names manager.example. Empty: the address dialled.
-  std::string server_name{};
-  /// How often the files are read again (seconds): a renewed certificate, key or CA put in
-  /// their place is used by every connection made after that (docs/deploy.md, "Renewing").
-  unsigned reload_seconds = 60;
-  /// The certificates are given (all three paths).
-  bool secure() const { return !ca.empty() && !cert.empty() && !key.empty(); }
-};
 
 /// "" when `o` says what to do: all three paths, or insecure alone. Otherwise one sentence for
 /// `who` (the program) naming `how` (its flags or variables, e.g. "--tls-ca, --tls-cert and
@@ -68,11 +55,5 @@ std::shared_ptr<grpc::Channel> channel(const std::string& target,
 std::string peer_name(const grpc::ServerContext& ctx);
 /// True when the call came over TLS (the server runs with certificates).
 bool peer_authenticated(const grpc::ServerContext& ctx);
-
-/// TREEDUCE_TLS_CA, TREEDUCE_TLS_CERT, TREEDUCE_TLS_KEY, TREEDUCE_TLS_SERVER_NAME (the
-/// manager's certificate name when it is not the address dialled) and TREEDUCE_INSECURE
-/// (libtreeduce, the CLI and the lab's tools read these). TREEDUCE_INSECURE is 1, or 0 / empty /
-/// unset; any other value leaves `insecure` false and puts a sentence in `*error` (when given).
-TlsOptions from_environment(std::string* error = nullptr);
 
 }  // namespace treeduce::tls

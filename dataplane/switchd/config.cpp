@@ -215,14 +215,16 @@ std::string must(const std::string& what, std::uint64_t v, std::uint64_t lo, std
 bool unicast(const Mac& m) { return (m[0] & 1) == 0 && m != Mac{}; }
 
 // "HOST:PORT" with a port from `min_port`. HOST may be a name, which gRPC resolves; with
-// `ipv4_only` (the metrics endpoint's HTTP server binds no names) it is dotted IPv4 or localhost.
+// `ipv4_only` (the metrics endpoint's HTTP server binds no names) it is what the server takes.
 bool host_port(const std::string& s, std::uint16_t min_port, bool ipv4_only) {
+  if (ipv4_only) {
+    const auto m = parse_metrics_listen(s);
+    return m && m->port >= min_port;
+  }
   const std::size_t colon = s.rfind(':');
   std::uint16_t port = 0;
-  const std::string host = colon == std::string::npos ? "" : s.substr(0, colon);
   return colon != std::string::npos && colon > 0 &&
-         convert(s.substr(colon + 1), port, "").empty() && port >= min_port &&
-         (!ipv4_only || host == "localhost" || parse_ipv4(host));
+         convert(s.substr(colon + 1), port, "").empty() && port >= min_port;
 }
 
 // `security`: whether the TLS settings must be complete (off for a file the command line may
@@ -746,6 +748,18 @@ std::optional<std::uint32_t> parse_ipv4(const std::string& s) {
   }
   if (p != end) return std::nullopt;
   return ip;
+}
+
+std::optional<MetricsListen> parse_metrics_listen(std::string_view s) {
+  const std::size_t colon = s.rfind(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  MetricsListen m{std::string(s.substr(0, colon)), 0};
+  if (m.host != "localhost" && !parse_ipv4(m.host)) return std::nullopt;
+  const std::string_view port = s.substr(colon + 1);
+  const char* end = port.data() + port.size();
+  const auto [p, ec] = std::from_chars(port.data(), end, m.port);  // decimal; above 65535: ec
+  if (port.empty() || ec != std::errc() || p != end) return std::nullopt;
+  return m;
 }
 
 std::optional<std::array<std::uint8_t, 6>> parse_mac(const std::string& s) {

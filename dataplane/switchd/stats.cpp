@@ -1,7 +1,5 @@
 #include "stats.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -19,6 +17,8 @@
 // (libcpp-httplib-dev), so the daemon needs no HTTP code of its own. Included here only, so that
 // its large header stays out of every file that includes stats.h.
 #include <httplib.h>
+
+#include "config.h"  // parse_metrics_listen
 
 namespace treeduce::switchd {
 
@@ -377,30 +377,6 @@ namespace {
 
 constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
 
-struct Endpoint {
-  std::string host;
-  int port = 0;
-};
-
-/// "a.b.c.d:port" or "localhost:port"; nullopt otherwise.
-std::optional<Endpoint> parse_listen(std::string_view listen) {
-  const auto colon = listen.rfind(':');
-  if (colon == std::string_view::npos) return std::nullopt;
-  Endpoint ep;
-  ep.host = listen.substr(0, colon);
-  in_addr addr;
-  if (ep.host != "localhost" && inet_pton(AF_INET, ep.host.c_str(), &addr) != 1) {
-    return std::nullopt;
-  }
-  const std::string_view port = listen.substr(colon + 1);
-  const auto r = std::from_chars(port.data(), port.data() + port.size(), ep.port);
-  if (port.empty() || r.ec != std::errc() || r.ptr != port.data() + port.size() || ep.port < 0 ||
-      ep.port > 65535) {
-    return std::nullopt;
-  }
-  return ep;
-}
-
 }  // namespace
 
 struct MetricsServer::Impl {
@@ -414,7 +390,7 @@ MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 
 std::unique_ptr<MetricsServer> MetricsServer::start(const std::string& listen, SnapshotFn fn,
                                                     std::string* error) {
-  const auto ep = parse_listen(listen);
+  const auto ep = parse_metrics_listen(listen);
   if (!ep) {
     *error = "metrics: bad listen address \"" + listen +
              "\" (expected an IPv4 address or localhost, a colon and a port).";

@@ -714,16 +714,7 @@ std::string manager_tls_problem(const Options& o) {
 // fallen back from with auto.
 std::string static_tree_problem(const TreeAssignment& t) {
   const std::string& a = t.leaf_address;
-  const auto colon = a.rfind(':');
-  in_addr ip{};
-  unsigned long port = 0;
-  bool port_ok = colon != std::string::npos && colon + 1 < a.size() && a.size() - colon <= 6;
-  for (std::size_t i = colon + 1; port_ok && i < a.size(); ++i) {
-    port_ok = a[i] >= '0' && a[i] <= '9';
-    port = port * 10 + static_cast<unsigned long>(a[i] - '0');
-  }
-  if (!port_ok || port == 0 || port > 65535 ||
-      inet_pton(AF_INET, a.substr(0, colon).c_str(), &ip) != 1)
+  if (!is_leaf_address(a))
     return "The static tree's leaf address '" + a +
            "' is not the leaf switch's data address as IPv4:PORT (10.0.1.1:4791).";
   if (auto bad = proto::check_slots(t.slots)) return "The static tree's " + *bad;

@@ -17,6 +17,7 @@
 #include <charconv>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -25,6 +26,7 @@
 
 #include "environment.h"
 #include "errors.h"
+#include "treeduce/common/tls_options.h"
 #include "treeduce/protocol/tree.h"
 
 namespace treeduce::host {
@@ -63,15 +65,12 @@ treeduce::Status ipv4(const Var& v) {
   return treeduce::Status::Ok();
 }
 
-// An Ethernet address as six hexadecimal pairs separated by colons (TREEDUCE_LEAF_MAC,
-// TREEDUCE_LOCAL_MAC): refused here whatever the transport, rather than when dpdk or verbs opens.
+// An Ethernet address (TREEDUCE_LEAF_MAC, TREEDUCE_LOCAL_MAC): refused here whatever the
+// transport, rather than when dpdk or verbs opens.
 treeduce::Status mac(const Var& v) {
-  const std::string& m = v.value;
-  bool ok = m.size() == 17;
-  for (std::size_t i = 0; ok && i < m.size(); ++i)
-    ok = i % 3 == 2 ? m[i] == ':' : std::isxdigit(static_cast<unsigned char>(m[i])) != 0;
-  if (!ok)
-    return invalid_argument(std::string(v.name) + " is '" + m +
+  std::uint8_t m[6];
+  if (!parse_mac(v.value, m))
+    return invalid_argument(std::string(v.name) + " is '" + v.value +
                             "', not a MAC address (02:00:00:00:00:01).");
   return treeduce::Status::Ok();
 }
@@ -176,21 +175,6 @@ treeduce::Status name_mask(const Var& v, std::string_view list, Parse parse, std
   return treeduce::Status::Ok();
 }
 
-// "a.b.c.d:port" with a port from 1 to 65535, or why not.
-treeduce::Status leaf_address(const Var& v) {
-  const auto colon = v.value.rfind(':');
-  in_addr ip{};
-  std::uint64_t port = 0;
-  if (colon == std::string::npos ||
-      inet_pton(AF_INET, v.value.substr(0, colon).c_str(), &ip) != 1 ||
-      !parse_number(v.name, std::string_view(v.value).substr(colon + 1), 1, 65535, &port).ok()) {
-    return invalid_argument(std::string(v.name) + " is '" + v.value +
-                            "', not the leaf switch's data address as IPv4:PORT "
-                            "(10.0.1.1:4791).");
-  }
-  return treeduce::Status::Ok();
-}
-
 // The static tree's variables (docs/host.md, "Environment"; TreeAssignment) into `*t`. A leaf
 // makes a static tree; the tree id, key and child index must then be given (a default would
 // make every rank child 0 of tree 0, which no switch was configured for); any of them without
@@ -216,7 +200,10 @@ treeduce::Status parse_static_tree(
         "TREEDUCE_MANAGER and TREEDUCE_STATIC_LEAF are both set; a job takes its tree from one of "
         "them.");
   TreeAssignment s = *t;
-  if (auto st = leaf_address(leaf); !st.ok()) return st;
+  if (!is_leaf_address(leaf.value))
+    return invalid_argument(std::string(leaf.name) + " is '" + leaf.value +
+                            "', not the leaf switch's data address as IPv4:PORT "
+                            "(10.0.1.1:4791).");
   s.leaf_address = leaf.value;
   std::uint64_t x = 0;
   for (const char* n :
@@ -323,6 +310,31 @@ treeduce::Status parse_number(std::string_view name, std::string_view value, std
   return treeduce::Status::Ok();
 }
 
+bool parse_mac(std::string_view s, std::uint8_t out[6]) {
+  if (s.size() != 17) return false;
+  std::uint8_t m[6];
+  for (std::size_t i = 0; i < 6; ++i) {
+    if (i != 0 && s[3 * i - 1] != ':') return false;
+    const char* b = s.data() + 3 * i;
+    // from_chars would take a sign or a single digit; two hexadecimal digits exactly.
+    if (std::isxdigit(static_cast<unsigned char>(b[0])) == 0 ||
+        std::isxdigit(static_cast<unsigned char>(b[1])) == 0)
+      return false;
+    std::from_chars(b, b + 2, m[i], 16);
+  }
+  std::memcpy(out, m, 6);
+  return true;
+}
+
+bool is_leaf_address(std::string_view a) {
+  const auto colon = a.rfind(':');
+  in_addr ip{};
+  std::uint64_t port = 0;
+  return colon != std::string_view::npos &&
+         inet_pton(AF_INET, std::string(a.substr(0, colon)).c_str(), &ip) == 1 &&
+         parse_number("", a.substr(colon + 1), 1, 65535, &port).ok();
+}
+
 treeduce::Status parse_transport_environment(const EnvLookup& env, TransportOptions* out) {
   TransportOptions t = *out;
   auto s = parse_transport(
@@ -403,15 +415,17 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
   }
 
   if (const Var v = first_of({"TREEDUCE_MANAGER"}); v.name) o.manager = v.value;
-  if (const Var v = first_of({"TREEDUCE_TLS_CA"}); v.name) o.tls_ca = v.value;
-  if (const Var v = first_of({"TREEDUCE_TLS_CERT"}); v.name) o.tls_cert = v.value;
-  if (const Var v = first_of({"TREEDUCE_TLS_KEY"}); v.name) o.tls_key = v.value;
-  if (const Var v = first_of({"TREEDUCE_TLS_SERVER_NAME"}); v.name) o.tls_server_name = v.value;
-  if (const Var v = first_of({"TREEDUCE_INSECURE"}); v.name) {
-    // The sentence tdr_comm_create() and the CLI give too (tls::from_environment()).
-    if (v.value != "0" && v.value != "1")
-      return invalid_argument("TREEDUCE_INSECURE is '" + v.value + "'; it must be 0 or 1.");
-    o.insecure = v.value == "1";
+  {
+    // TREEDUCE_TLS_* and TREEDUCE_INSECURE as tdr_comm_create() and the CLI read them.
+    tls::TlsOptions t{o.tls_ca, o.tls_cert, o.tls_key, o.insecure, o.tls_server_name};
+    std::string bad;
+    tls::read_environment(env, &t, &bad);
+    if (!bad.empty()) return invalid_argument(bad);
+    o.tls_ca = std::move(t.ca);
+    o.tls_cert = std::move(t.cert);
+    o.tls_key = std::move(t.key);
+    o.tls_server_name = std::move(t.server_name);
+    o.insecure = t.insecure;
   }
   if (const Var v = first_of({"TREEDUCE_HOST"}); v.name) {
     o.host = v.value;

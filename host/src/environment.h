@@ -40,6 +40,16 @@ std::string report_unstartable(const UnstartableRank& who, const std::string& wh
 /// tdr_comm_create(), whose C options have no transport fields.
 treeduce::Status parse_transport_environment(const EnvLookup& env, TransportOptions* out);
 
+/// "aa:bb:cc:dd:ee:ff", six pairs of hexadecimal digits (either case) separated by colons, into
+/// `out`; false and `out` untouched when it is not that. TREEDUCE_LOCAL_MAC, TREEDUCE_LEAF_MAC
+/// and the verbs transport's options (here, as that transport is built only with rdma-core).
+bool parse_mac(std::string_view s, std::uint8_t out[6]);
+
+/// "A.B.C.D:PORT" with PORT a decimal number from 1 to 65535: a static tree's leaf switch data
+/// address, from TREEDUCE_STATIC_LEAF or TreeAssignment::leaf_address alike (each caller says
+/// why not in its own words).
+bool is_leaf_address(std::string_view a);
+
 /// A decimal number from `min` to `max` and nothing else (no sign, spaces or suffix) in the
 /// variable `name`; else invalid_argument: "NAME is 'v', not a whole number from MIN to MAX.".
 treeduce::Status parse_number(std::string_view name, std::string_view value, std::uint64_t min,

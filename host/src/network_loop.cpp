@@ -168,12 +168,13 @@ std::optional<Obstacle> NetworkLoop::run_stream(StreamSource& src) {
       if (!io.empty()) break;
       if (engine_.status() != Status::running) continue;
     }
-    const std::size_t n = held ? 0 : engine_.poll(t, out_.data(), cap);
+    std::uint64_t next = 0;  // the engine's next_deadline(), from poll()'s own pass
+    const std::size_t n = held ? 0 : engine_.poll(t, out_.data(), cap, &next);
     if (n != 0) io = transport_->send(out_.data(), n);
     if (!io.empty()) break;
     if (engine_.status() != Status::running && !held) continue;
     const std::uint64_t until =
-        held ? std::min(t + kHeldPollNs, deadline) : std::min(engine_.next_deadline(), deadline);
+        held ? std::min(t + kHeldPollNs, deadline) : std::min(next, deadline);
     const auto rx = wait_for_input(until, &io);
     if (!io.empty()) break;
     deliver(rx);

@@ -86,9 +86,15 @@ OutPacket ProtocolEngine::make_packet(const SlotState& s) const {
                    static_cast<std::uint32_t>(n * dtype_size(c.dtype))};
 }
 
-std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t cap) {
+std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t cap,
+                                 std::uint64_t* next) {
+  constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
+  if (next != nullptr) *next = kNever;
   if (status_ != Status::running) return 0;
   std::size_t n = 0;
+  // next_deadline() as it will be after this call, found on the way. The feed below stops at a
+  // busy slot (or runs out of chunks), so its part of next_deadline() is never 0 afterwards.
+  std::uint64_t soonest = kNever;
   // Give free slots to the next chunks, in stream order and across collectives: chunk c goes to
   // slot c mod S, which is free only once the result of chunk c - S is in.
   while (feed_ < colls_.size()) {
@@ -104,8 +110,12 @@ std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t 
     ++c.next_index;
   }
   for (auto& s : slots_) {
-    if (n == cap) break;
+    if (n == cap && next == nullptr) break;
     if (!s.active) continue;
+    if (n == cap) {  // `out` is full: the slot waits for the next poll(), untouched
+      soonest = std::min(soonest, s.need_send ? 0 : s.deadline);
+      continue;
+    }
     if (s.need_send) {
       s.need_send = false;
       s.rto = cfg_.adaptive_rto ? rto_est_.rto(now) : cfg_.rto_initial_ns;
@@ -122,11 +132,12 @@ std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t 
       if (cfg_.adaptive_rto && probe_active_ && probe_chunk_ != s.chunk && !s.deferred) {
         s.deferred = true;
         s.deadline = now + s.rto;
+        soonest = std::min(soonest, s.deadline);
         continue;
       }
       if (s.retries >= cfg_.max_retries) {
         finish(Status::timeout);
-        return n;
+        return n;  // *next stays kNever: nothing is pending
       }
       probe_active_ = true;
       probe_chunk_ = s.chunk;
@@ -137,7 +148,9 @@ std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t 
       out[n++] = make_packet(s);
       ++stats_.retransmits;
     }
+    soonest = std::min(soonest, s.deadline);
   }
+  if (next != nullptr) *next = soonest;
   return n;
 }
 

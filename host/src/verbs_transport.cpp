@@ -15,6 +15,8 @@
 #include <cstring>
 #include <vector>
 
+#include "environment.h"
+
 namespace treeduce::host {
 
 namespace detail {
@@ -23,32 +25,6 @@ static_assert(offsetof(FlowRule, eth) == sizeof(ibv_flow_attr));
 static_assert(offsetof(FlowRule, ipv4) == offsetof(FlowRule, eth) + sizeof(ibv_flow_spec_eth));
 static_assert(offsetof(FlowRule, udp) == offsetof(FlowRule, ipv4) + sizeof(ibv_flow_spec_ipv4));
 static_assert(sizeof(FlowRule) == offsetof(FlowRule, udp) + sizeof(ibv_flow_spec_tcp_udp));
-
-bool parse_mac(const std::string& s, std::uint8_t out[6]) {
-  if (s.size() != 17) return false;
-  std::uint8_t m[6];
-  for (std::size_t i = 0; i < 6; ++i) {
-    if (i != 0 && s[3 * i - 1] != ':') return false;
-    unsigned v = 0;
-    for (std::size_t j = 0; j < 2; ++j) {
-      const char c = s[3 * i + j];
-      unsigned d;
-      if (c >= '0' && c <= '9') {
-        d = static_cast<unsigned>(c - '0');
-      } else if (c >= 'a' && c <= 'f') {
-        d = static_cast<unsigned>(c - 'a' + 10);
-      } else if (c >= 'A' && c <= 'F') {
-        d = static_cast<unsigned>(c - 'A' + 10);
-      } else {
-        return false;
-      }
-      v = v * 16 + d;
-    }
-    m[i] = static_cast<std::uint8_t>(v);
-  }
-  std::memcpy(out, m, 6);
-  return true;
-}
 
 namespace {
 

@@ -93,9 +93,6 @@ struct VerbsResolved {
   std::size_t frame_bytes = 0;  ///< largest frame we send: kFrameHeaderBytes + payload_bytes
 };
 
-/// Parses "aa:bb:cc:dd:ee:ff" (hex, either case). False when it is not that.
-bool parse_mac(const std::string& s, std::uint8_t out[6]);
-
 /// Checks every option that needs no device; "" and `*out` filled, or a sentence.
 std::string validate_options(const VerbsTransportOptions& opt, VerbsResolved* out);
 

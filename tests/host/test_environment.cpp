@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstring>
 #include <map>
 #include <string>
 #include <tuple>
@@ -12,6 +13,7 @@
 
 #include "debug_env.h"
 #include "environment.h"
+#include "treeduce/common/tls_options.h"
 #include "treeduce/host/communicator.h"
 
 using treeduce::Code;
@@ -50,6 +52,34 @@ struct Environment : ::testing::Test {
 };
 
 }  // namespace
+
+// The one reader of TREEDUCE_TLS_* (libtreeduce's parser above, tls::from_environment() for
+// tdr_comm_create() and the CLI): unset or empty keeps a field; a malformed TREEDUCE_INSECURE
+// keeps `insecure`, says why, and the other variables are read all the same.
+TEST_F(Environment, TlsVariablesOverlayWhatIsThere) {
+  treeduce::tls::TlsOptions t{"/etc/ca.pem", "/etc/host.pem", "/etc/host.key", true, "m.example"};
+  std::string error;
+  set("TREEDUCE_TLS_CA", "");
+  treeduce::tls::read_environment(lookup(), &t, &error);
+  EXPECT_EQ(t.ca, "/etc/ca.pem");
+  EXPECT_EQ(t.cert, "/etc/host.pem");
+  EXPECT_EQ(t.server_name, "m.example");
+  EXPECT_TRUE(t.insecure);
+  EXPECT_EQ(error, "");
+  set("TREEDUCE_TLS_CA", "/run/ca.pem");
+  set("TREEDUCE_TLS_KEY", "/run/host.key");
+  set("TREEDUCE_INSECURE", "yes");
+  treeduce::tls::read_environment(lookup(), &t, &error);
+  EXPECT_EQ(t.ca, "/run/ca.pem");
+  EXPECT_EQ(t.key, "/run/host.key");
+  EXPECT_TRUE(t.insecure);
+  EXPECT_EQ(error, "TREEDUCE_INSECURE is 'yes'; it must be 0 or 1.");
+  set("TREEDUCE_INSECURE", "0");
+  error.clear();
+  treeduce::tls::read_environment(lookup(), &t, &error);
+  EXPECT_FALSE(t.insecure);
+  EXPECT_EQ(error, "");
+}
 
 TEST_F(Environment, TreeduceVariablesFillEveryField) {
   set("TREEDUCE_MANAGER", "10.0.0.9:9300");
@@ -356,6 +386,34 @@ TEST_F(Environment, NumbersAreWholeAndInRange) {
   EXPECT_EQ(parse_number("TREEDUCE_X", "5", 6, 9, &x).message(),
             "TREEDUCE_X is '5', not a whole number from 6 to 9.");
   EXPECT_EQ(x, UINT64_MAX);
+}
+
+// The one MAC parser: TREEDUCE_LOCAL_MAC and TREEDUCE_LEAF_MAC, and the verbs transport's
+// options.
+TEST(Mac, SixHexPairsSeparatedByColons) {
+  std::uint8_t m[6] = {};
+  ASSERT_TRUE(treeduce::host::parse_mac("0a:1B:2c:3D:4e:5F", m));
+  const std::uint8_t want[6] = {0x0a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f};
+  EXPECT_EQ(std::memcmp(m, want, 6), 0);
+  for (const char* bad :
+       {"", "0a:1b:2c:3d:4e", "0a:1b:2c:3d:4e:5f:", "0a-1b-2c-3d-4e-5f", "0g:1b:2c:3d:4e:5f",
+        "0a:1b:2c:3d:4e:5", " 0a:1b:2c:3d:4e:5f", "+a:1b:2c:3d:4e:5f", "0a:1b:2c:3d:4e:5 "}) {
+    std::uint8_t before[6] = {1, 2, 3, 4, 5, 6};
+    EXPECT_FALSE(treeduce::host::parse_mac(bad, before)) << bad;
+    EXPECT_EQ(before[0], 1) << "untouched on failure: " << bad;
+  }
+}
+
+// The one check of a static tree's leaf address, for TREEDUCE_STATIC_LEAF and for a
+// TreeAssignment given in code (Communicator::create()).
+TEST(LeafAddress, IsIpv4AndAPortFrom1To65535) {
+  using treeduce::host::is_leaf_address;
+  for (const char* good : {"10.0.1.1:4791", "10.0.1.1:1", "10.0.1.1:65535", "10.0.1.1:004791"})
+    EXPECT_TRUE(is_leaf_address(good)) << good;
+  for (const char* bad :
+       {"", "10.0.1.1", "10.0.1.1:", "10.0.1.1:0", "10.0.1.1:65536", "leaf0:4791",
+        "10.0.1.256:4791", "10.0.1.1:+4791", "10.0.1.1: 4791", ":4791", "[::1]:4791"})
+    EXPECT_FALSE(is_leaf_address(bad)) << bad;
 }
 
 // What a rank whose environment is malformed can still say of itself, to tell the manager

@@ -136,6 +136,42 @@ TEST(ProtocolEngine, RetransmitsWithExponentialBackoffThenTimesOut) {
   EXPECT_EQ(e.status(), Status::timeout);
 }
 
+// poll()'s `next` is next_deadline() after the call, found in poll()'s own pass (the network
+// loop waits on it): with `out` full (a slot still to send: now), with timers running, with a
+// chunk deferred by the adaptive timer, and once the collective has timed out (never).
+TEST(ProtocolEngine, PollFindsTheNextDeadlineInItsOwnPass) {
+  for (const bool adaptive : {false, true}) {
+    EngineConfig c = cfg();
+    c.adaptive_rto = adaptive;
+    c.rto_max_ns = 1'000'000'000;  // a probe's doubled timer outlasts a deferred chunk's
+    c.max_retries = 2;
+    ProtocolEngine e(c);
+    OutPacket p[8];
+    std::uint64_t next = 7;
+    const auto poll = [&](std::uint64_t now, std::size_t cap) {
+      const std::size_t n = e.poll(now, p, cap, &next);
+      EXPECT_EQ(next, e.next_deadline()) << "adaptive " << adaptive << ", at " << now;
+      return n;
+    };
+    EXPECT_EQ(poll(0, 8), 0u);  // idle
+    EXPECT_EQ(next, UINT64_MAX);
+    std::vector<float> in(200), out(200);
+    ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum),
+              Status::running);
+    ASSERT_EQ(poll(0, 1), 1u);  // chunk 1 has its slot and waits for room in `out`
+    EXPECT_EQ(next, 0u);
+    ASSERT_EQ(poll(0, 8), 1u);
+    EXPECT_GT(next, 0u);
+    EXPECT_EQ(poll(1, 8), 0u);
+    // No answer: both time out at once; retransmissions (with the adaptive timer one chunk
+    // goes and the other waits one more timeout) until the collective times out.
+    for (int i = 0; i < 20 && e.status() == Status::running; ++i) poll(e.next_deadline(), 8);
+    EXPECT_GE(e.stats().retransmits, 2u);
+    EXPECT_EQ(e.status(), Status::timeout);
+    EXPECT_EQ(next, UINT64_MAX);
+  }
+}
+
 // A switch's NACK for `p`, as core.cpp builds it: the header echoed, the MAC under the key the
 // CONTRIB carried.
 proto::TdHdr nack_for(const OutPacket& p, proto::Reason reason) {

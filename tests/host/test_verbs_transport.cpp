@@ -86,19 +86,6 @@ TEST(VerbsTransport, BadOptionsAreReportedBeforeAnyDevice) {
   expect_sentence(err, "leaf switch MAC");
 }
 
-TEST(VerbsTransport, ParseMac) {
-  std::uint8_t m[6] = {};
-  ASSERT_TRUE(detail::parse_mac("0a:1B:2c:3D:4e:5F", m));
-  const std::uint8_t want[6] = {0x0a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f};
-  EXPECT_EQ(std::memcmp(m, want, 6), 0);
-  for (const char* bad : {"", "0a:1b:2c:3d:4e", "0a:1b:2c:3d:4e:5f:", "0a-1b-2c-3d-4e-5f",
-                          "0g:1b:2c:3d:4e:5f", "0a:1b:2c:3d:4e:5", " 0a:1b:2c:3d:4e:5f"}) {
-    std::uint8_t before[6] = {1, 2, 3, 4, 5, 6};
-    EXPECT_FALSE(detail::parse_mac(bad, before)) << bad;
-    EXPECT_EQ(before[0], 1) << "untouched on failure: " << bad;
-  }
-}
-
 TEST(VerbsTransport, ValidateGoodOptions) {
   detail::VerbsResolved r;
   ASSERT_EQ(detail::validate_options(good_options(), &r), "");

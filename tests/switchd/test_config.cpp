@@ -253,6 +253,10 @@ TEST(SwitchConfig, SwitchErrorsNameTheLine) {
       {s + "metrics: metrics.example:9470\n",
        "line 5: metrics must be \"\" or A.B.C.D:PORT or localhost:PORT with a port from 0 to "
        "65535, got \"metrics.example:9470\"."},
+      // The server reads its port in decimal only: a hex one, accepted here, stopped the switch.
+      {s + "metrics: 127.0.0.1:0x24fe\n",
+       "line 5: metrics must be \"\" or A.B.C.D:PORT or localhost:PORT with a port from 0 to "
+       "65535, got \"127.0.0.1:0x24fe\"."},
       {s + "agent_listen: \"\"\n",
        "line 5: agent_listen must be HOST:PORT with a port from 0 to 65535, got \"\"."},
       {s + "deterministic_allowed: maybe\n",
@@ -602,6 +606,20 @@ TEST(Addresses, ParseIpv4) {
   EXPECT_EQ(format_ipv4(0x0A0100FE), "10.1.0.254");
   EXPECT_EQ(format_ipv4(0), "0.0.0.0");
   EXPECT_EQ(format_ipv4(0xFFFFFFFF), "255.255.255.255");
+}
+
+// The one parser of the metrics address: the check above and MetricsServer::start().
+TEST(Addresses, ParseMetricsListen) {
+  const auto m = parse_metrics_listen("10.0.0.1:9470");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->host, "10.0.0.1");
+  EXPECT_EQ(m->port, 9470);
+  EXPECT_EQ(parse_metrics_listen("localhost:0")->port, 0);
+  EXPECT_EQ(parse_metrics_listen("localhost:65535")->port, 65535);
+  for (const char* bad : {"", "9470", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", ":80",
+                          "127.0.0.1:0x50", "127.0.0.1:+80", "127.0.0.1:-1", "010.0.0.1:80",
+                          "example.com:80", "[::1]:80", "::1:80", " 127.0.0.1:80"})
+    EXPECT_FALSE(parse_metrics_listen(bad).has_value()) << bad;
 }
 
 TEST(Addresses, ParseMac) {

@@ -93,7 +93,10 @@ class ProtocolEngine {
 
   /// Packets due at time `now` (ns, any epoch, monotonic): new chunks the window allows and
   /// retransmissions whose timer expired. Writes at most `cap` to `out`; returns how many.
-  std::size_t poll(std::uint64_t now, OutPacket* out, std::size_t cap);
+  /// `next`, when given, receives what next_deadline() returns right after this call, found in
+  /// the same pass over the slots (a loop that polls and then waits scans them once).
+  std::size_t poll(std::uint64_t now, OutPacket* out, std::size_t cap,
+                   std::uint64_t* next = nullptr);
 
   /// Time unknown: on_packet() takes no latency sample.
   static constexpr std::uint64_t kNoTime = ~std::uint64_t{0};
