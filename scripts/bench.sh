@@ -604,8 +604,9 @@ if cpu_lines:
            "CPU time (user + system, every thread; the mean over the ranks):", ""]
     md += [f"- {x}" for x in cpu_lines]
     md += ["", "Profiles (where a rank's and the switch's CPU time goes, per function and system "
-           "call): docs/performance.md, \"Reading\", \"Issue 16: small messages\", \"Issue 16: "
-           "fewer copies on the DPDK transport\" and \"Issue 16: the switch's per-packet path\"."]
+           "call): docs/performance.md, \"Issue 16's targets in one report\", \"Reading\", "
+           "\"Issue 16: small messages\", \"Issue 16: fewer copies on the DPDK transport\" and "
+           "\"Issue 16: the switch's per-packet path\"."]
 
 for k in kinds:
     md += ["", f"## Allreduce, {kind_name(k)}: treeduce against Gloo ring and MPI_Allreduce", ""]
