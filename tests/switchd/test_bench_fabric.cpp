@@ -114,8 +114,7 @@ TEST_F(BenchFabric, JumboUdpHostsWithGso) {
   ASSERT_EQ(r.status, 0) << r.output;
   expect_verified(rows(json_), 3 * 2, {"gloo"});
   // The switch's CPU time while the ranks ran, for scripts/bench.sh's report.
-  EXPECT_NE(r.output.find("switch CPU while the ranks ran: leaf0 "), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("switch CPU while the ranks ran: leaf0 "), std::string::npos) << r.output;
 }
 
 // AF_XDP hosts: 8 KiB payloads in multi-buffer frames through one leaf beside Gloo's ring (the
