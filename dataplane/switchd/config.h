@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "address.h"  // parse_ipv4, parse_metrics_listen
 #include "agent.h"
 #include "treeduce/dataplane/core.h"
 
@@ -122,17 +123,6 @@ ConfigResult parse_args(int argc, const char* const* argv);
 /// known ports, lcores distinct). Empty string when fine.
 std::string validate(const SwitchConfig& c);
 
-/// "a.b.c.d" -> host-order address; nullopt when malformed.
-std::optional<std::uint32_t> parse_ipv4(const std::string& s);
-/// Where the metrics endpoint listens: a host the HTTP server can bind without a resolver.
-struct MetricsListen {
-  std::string host;    ///< dotted IPv4, or "localhost"
-  std::uint16_t port;  ///< 0: any free port
-};
-/// "A.B.C.D:PORT" or "localhost:PORT", PORT decimal from 0 to 65535; nullopt otherwise. The one
-/// parser of the metrics address: the config's check (`metrics:`, --metrics) and
-/// MetricsServer::start() (stats.h).
-std::optional<MetricsListen> parse_metrics_listen(std::string_view s);
 /// "aa:bb:cc:dd:ee:ff" -> bytes; nullopt when malformed.
 std::optional<std::array<std::uint8_t, 6>> parse_mac(const std::string& s);
 std::string format_ipv4(std::uint32_t ip);

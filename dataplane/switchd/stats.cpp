@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <initializer_list>
 #include <iterator>
-#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -18,7 +17,7 @@
 // its large header stays out of every file that includes stats.h.
 #include <httplib.h>
 
-#include "config.h"  // parse_metrics_listen
+#include "address.h"  // parse_metrics_listen
 
 namespace treeduce::switchd {
 

@@ -11,7 +11,7 @@
 
 #include "environment.h"
 #include "errors.h"
-#include "grpc_tls.h"
+#include "treeduce/common/tls_options.h"  // tls::from_environment
 #include "treeduce/host/communicator.h"
 
 using treeduce::DType;
