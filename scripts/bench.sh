@@ -7,32 +7,37 @@
 #      in OUT/allreduce-KIND.jsonl; then back to back on the same kind of fabric (treeduce-perf
 #      --back-to-back 32 at 256 KiB: 32 allreduces issued non-blocking, then waited for, against
 #      the same 32 one after the other) into OUT/b2b-KIND.txt and .jsonl;
-#   3. runs the switch daemon benchmark (bench/treeduce-bench-switchd --json: Mpps per lcore next
+#   3. fast without tuning: 1 MiB on kernel UDP hosts with libtreeduce's defaults (window, payload
+#      from the MTU, adaptive retransmission timeout) and with the benchmark's settings (64 slots,
+#      a fixed 10 ms timeout), at MTU 1500 and 8300, into OUT/tuning-MTU-defaults|tuned.txt/.jsonl;
+#   4. runs the switch daemon benchmark (bench/treeduce-bench-switchd --json: Mpps per lcore next
 #      to dpdk-testpmd, lcores per 100G/400G port, and the per-packet target at 1 KiB, fan-in 8:
 #      the switch against testpmd macswap + treeduce-bench-switch-core) into OUT/switchd.json;
-#   4. plots the comparison with gnuplot (bench/plot_allreduce.gp) and writes OUT/report.md: the
+#   5. plots the comparison with gnuplot (bench/plot_allreduce.gp) and writes OUT/report.md: the
 #      machine, the commands, MET/MISSED for each target (by how much when missed, and the ranks'
 #      CPU time per allreduce: where the time goes), the tables.
 # Usage:
 #   scripts/bench.sh [--quick] [--out DIR] [--hosts all|KIND[,KIND...]] [--topology leaf|two-level]
-#                    [--reps N] [--no-switchd] [--no-back-to-back] [--no-build]
+#                    [--reps N] [--no-switchd] [--no-back-to-back] [--no-tuning] [--no-build]
 #                    [-- treeduce-perf arguments]
 #   scripts/bench.sh --report-only DIR   # re-plots, rewrites DIR/report.md from DIR's results
 # OUT is ${TREEDUCE_BENCH_OUT:-build/bench-report}, made afresh (an existing OUT is replaced only if
 # an earlier run of this script made it). --quick: a smoke run (sizes up to 1 MiB, 5 iterations,
-# back to back 2 iterations, one short switch benchmark round). --reps: the switch benchmark's
-# undisturbed runs per row (default 3). --hosts: how treeduce's ranks reach the switch, a comma
-# list of dpdk (libtreeduce's DPDK transport on memif: kernel bypass; leaf only), udp (kernel UDP
-# sockets on veth pairs to the switch's af_packet ports, with UDP GSO) and af_xdp (libtreeduce's
-# AF_XDP transport on the same veths); all (the default) = dpdk,udp,af_xdp on a leaf, udp,af_xdp
-# on two levels. Gloo and MPI always use kernel TCP on the hosts' management network (veth pairs
-# on a Linux bridge). The fabric runs with jumbo frames (MTU 8300, 8 KiB payloads), a 64-slot
-# window and a 10 ms first retransmission timeout (docs/performance.md says why). treeduce-perf
-# arguments after -- replace the sweep's (default -b 256 -e 16777216 -f 4 -d f32 -o sum -n 20
-# -w 3), not the back-to-back run's. --no-build: use the binaries as they are. The fabric needs
-# root: the script runs it with sudo when it is not root. Environment: TREEDUCE_BUILD_DIR (default
-# build, a release build; when build exists with another build type, build-bench),
-# TREEDUCE_SWITCHD_ARGS (more switch benchmark options, e.g. "--payloads 1024 --fanins 8").
+# back to back 2 iterations, tuning runs 5, one short switch benchmark round). --reps: the switch
+# benchmark's undisturbed runs per row (default 3). --no-back-to-back, --no-tuning, --no-switchd
+# leave those stages out (their targets then say NOT MEASURED). --hosts: how treeduce's ranks reach
+# the switch, a comma list of dpdk (libtreeduce's DPDK transport on memif: kernel bypass; leaf
+# only), udp (kernel UDP sockets on veth pairs to the switch's af_packet ports, with UDP GSO) and
+# af_xdp (libtreeduce's AF_XDP transport on the same veths); all (the default) = dpdk,udp,af_xdp on
+# a leaf, udp,af_xdp on two levels. Gloo and MPI always use kernel TCP on the hosts' management
+# network (veth pairs on a Linux bridge). The fabric runs with jumbo frames (MTU 8300, 8 KiB
+# payloads), a 64-slot window and a 10 ms first retransmission timeout (docs/performance.md says
+# why). treeduce-perf arguments after -- replace the sweep's (default -b 256 -e 16777216 -f 4 -d f32
+# -o sum -n 20 -w 3), not those of the back-to-back and tuning runs. --no-build: use the binaries as
+# they are. The fabric needs root: the script runs it with sudo when it is not root. Environment:
+# TREEDUCE_BUILD_DIR (default build, a release build; when build exists with another build type,
+# build-bench), TREEDUCE_SWITCHD_ARGS (more switch benchmark options, e.g.
+# "--payloads 1024 --fanins 8").
 # Exit status: 0 when every run exited 0 and every result was verified (wrong = 0), whether or not
 # the targets were met (report.md says MET or MISSED); 1 when anything failed, 2 on bad usage.
 set -euo pipefail
@@ -48,6 +53,7 @@ quick=0
 build=1
 switchd=1
 b2b=1
+tuning=1
 report_only=""
 topology=leaf
 hosts=all
@@ -62,6 +68,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --no-switchd) switchd=0 ;;
     --no-back-to-back) b2b=0 ;;
+    --no-tuning) tuning=0 ;;
     --out) [ $# -ge 2 ] || usage; out=$2; shift ;;
     --topology) [ $# -ge 2 ] || usage; topology=$2; shift ;;
     --hosts) [ $# -ge 2 ] || usage; hosts=$2; shift ;;
@@ -90,7 +97,10 @@ for k in "${hosts_list[@]}"; do
   esac
   case " ${kinds[*]:-} " in *" $k "*) ;; *) kinds+=("$k") ;; esac
 done
-[ ${#kinds[@]} -gt 0 ] || { echo "bench.sh: --hosts takes all or a comma list of dpdk, udp, af_xdp" >&2; exit 2; }
+if [ ${#kinds[@]} -eq 0 ]; then
+  echo "bench.sh: --hosts takes all or a comma list of dpdk, udp, af_xdp" >&2
+  exit 2
+fi
 if [ "$topology" = two-level ] && [[ " ${kinds[*]} " == *" dpdk "* ]]; then
   echo "bench.sh: --hosts dpdk needs --topology leaf" >&2
   exit 2
@@ -170,10 +180,14 @@ def load(name):
     return rows
 
 sweeps, b2bs = {}, {}  # kind -> rows
+tuning = {}  # (MTU, "defaults" or "tuned") -> rows
 for name in sorted(os.listdir(out)):
     m = re.fullmatch(r"(allreduce|b2b)-([a-z0-9_]+)\.jsonl", name)
     if m:
         (sweeps if m.group(1) == "allreduce" else b2bs)[m.group(2)] = load(name) or []
+    m = re.fullmatch(r"tuning-(\d+)-(defaults|tuned)\.jsonl", name)
+    if m:
+        tuning[(int(m.group(1)), m.group(2))] = load(name) or []
 if read("allreduce.jsonl") is not None and not sweeps:
     sweeps[""] = load("allreduce.jsonl") or []
 kinds = sorted(set(sweeps) | set(b2bs), key=lambda k: (ORDER.index(k) if k in ORDER else 99, k))
@@ -252,6 +266,19 @@ for k in kinds:
     for r in b2bs.get(k, []):
         if get(r, "sequential", "time_us") is None:
             failures.append(f"back to back{where}: no sequential result at {r['size']} B")
+
+for (mtu, how), rows in sorted(tuning.items()):
+    for r in rows:
+        where = f" (kernel UDP hosts, MTU {mtu}, {how})"
+        w = get(r, "treeduce", "wrong")
+        if w:
+            failures.append(f"treeduce: {int(w)} wrong elements at {r['size']} B{where}")
+        p = r["treeduce"].get("path", "network")
+        if p == "FAILED":
+            failures.append(f"treeduce: the allreduce failed at {r['size']} B{where}")
+        elif p != "network":
+            warnings.append(f"treeduce took the host fallback (path {p}) at {r['size']} B"
+                            f"{where}: not an in-network figure")
 
 def combos_of(rows):
     cs = []
@@ -414,6 +441,34 @@ for k in kinds:
     v = verdict(measured, ok)
     targets.append((v, f"{kind_name(k)}, back to back: >= 1.5x the algbw of the same "
                     "allreduces one after the other", "; ".join(pts) or "no result"))
+for k in kinds:
+    if k and k not in b2bs:
+        targets.append(("NOT MEASURED", f"{kind_name(k)}, back to back: >= 1.5x the algbw of "
+                        "the same allreduces one after the other", "not run"))
+
+# Fast without tuning: libtreeduce's defaults within 1.2x the benchmark's settings at MTU 1500
+# and 8300, and no retransmission with the defaults.
+TUNING_TARGET = ("fast without tuning, kernel UDP hosts, 1 MiB f32 sum: libtreeduce's defaults "
+                 "(window, payload from the MTU, adaptive timeout) take <= 1.2x the time of the "
+                 "benchmark's settings (64 slots, a fixed 10 ms timeout) at MTU 1500 and 8300, "
+                 "without a retransmission")
+pts, ok, measured = [], True, bool(tuning)
+for mtu in (1500, 8300):
+    d = next(iter(tuning.get((mtu, "defaults")) or []), None)
+    t = next(iter(tuning.get((mtu, "tuned")) or []), None)
+    a = get(d, "treeduce", "time_us") if d and in_network(d) else None
+    b = get(t, "treeduce", "time_us") if t and in_network(t) else None
+    if a is None or b is None:
+        measured = False
+        pts.append(f"MTU {mtu}: " + ("not run" if d is None and t is None else "no figure"))
+        continue
+    retx = d["treeduce"].get("retransmits")
+    x = a / b
+    ok = ok and x <= 1.2 and retx == 0
+    pts.append(f"MTU {mtu}: defaults {us(a)} us with {retx} retransmissions, tuned {us(b)} us "
+               f"({t['treeduce'].get('retransmits')}): {x:.2f}x{over(x, 1.2)}")
+targets.append((verdict(measured, ok), TUNING_TARGET,
+                "; ".join(pts) if tuning else "the tuning runs were not made"))
 
 # The switch at 1 KiB, fan-in 8: ns/pkt <= 1.1x (macswap's + the switch core's), one run.
 sw_text, sw_json = read("switchd.json"), None
@@ -675,6 +730,25 @@ for k in kinds:
                       f"| {num(get(r, 'sequential', 'algbw_GBps'))} "
                       f"| {num(get(r, 'sequential', 'cpu_ms_per_MiB'))} "
                       f"| {'-' if x is None else f'{x:.2f}x'} | {wrong} |")
+if tuning:
+    md += ["", "## Fast without tuning: kernel UDP hosts, 1 MiB f32 sum", "",
+           "libtreeduce's defaults (`--slots 0`: its 16-slot window, the payload from the MTU, "
+           "the adaptive retransmission timeout) against the benchmark's settings (64 slots, a "
+           "fixed 10 ms first timeout), one fabric each; retx = rank 0's retransmissions "
+           "(warm-up included); x = defaults' time / tuned time.", "",
+           "| MTU | settings | time us (min) | GB/s | CPU ms/MiB | retx | x |",
+           "|--:|---|--:|--:|--:|--:|--:|"]
+    for (mtu, how), rows in sorted(tuning.items()):
+        for r in rows:
+            tm = get(r, "treeduce", "time_us")
+            other = next(iter(tuning.get((mtu, "tuned")) or []), None)
+            ot = get(other, "treeduce", "time_us") if other else None
+            x = f"{tm / ot:.2f}x" if how == "defaults" and tm and ot else "-"
+            retx = r["treeduce"].get("retransmits")
+            md.append(f"| {mtu} | {how} | {us(tm)} ({us(get(r, 'treeduce', 'min_us'))}) "
+                      f"| {num(get(r, 'treeduce', 'algbw_GBps'))} "
+                      f"| {num(get(r, 'treeduce', 'cpu_ms_per_MiB'))} "
+                      f"| {retx if isinstance(retx, int) else '-'} | {x} |")
 md += ["", "## Switch daemon throughput (treeduce-bench-switchd)", ""] + switch_md
 if failures:
     for k in kinds:
@@ -804,14 +878,15 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
   sudo=(sudo)
 fi
-# fabric STAGE NAME KIND [--compare B] -- PERF-ARGS...: one treeduce-fabric run, into NAME.txt and
+# fabric STAGE NAME FABRIC-OPTIONS... -- PERF-ARGS...: one treeduce-fabric run, into NAME.txt and
 # NAME.jsonl (made here, so that they stay ours when the fabric, as root, writes them).
+tuned=(--mtu 8300 --payload 8192 --slots 64 --rto-us 10000)  # the benchmark's settings
 fabric() {
-  local stage=$1 name=$2 kind=$3
-  shift 3
+  local stage=$1 name=$2
+  shift 2
   : >"$out/$name.jsonl"
-  local cmd=("$builddir/lab/tools/treeduce-fabric" --topology "$topology" --hosts "$kind"
-    --mtu 8300 --payload 8192 --slots 64 --rto-us 10000 --json-out "$out/$name.jsonl" "$@")
+  local cmd=("$builddir/lab/tools/treeduce-fabric" --topology "$topology"
+    --json-out "$out/$name.jsonl" "$@")
   echo "== $stage: ${cmd[*]}" >&2
   set +e
   "${sudo[@]}" "${cmd[@]}" 2>&1 | tee "$out/$name.txt"
@@ -820,11 +895,25 @@ fabric() {
   record "$stage" "$rc" "${sudo[*]}${sudo[*]:+ }${cmd[*]}"
 }
 for kind in "${kinds[@]}"; do
-  fabric "allreduce $kind" "allreduce-$kind" "$kind" --compare gloo,mpi -- "${perf_args[@]}"
+  fabric "allreduce $kind" "allreduce-$kind" --hosts "$kind" "${tuned[@]}" --compare gloo,mpi \
+    -- "${perf_args[@]}"
   if [ "$b2b" -eq 1 ]; then
-    fabric "back-to-back $kind" "b2b-$kind" "$kind" -- "${b2b_args[@]}"
+    fabric "back-to-back $kind" "b2b-$kind" --hosts "$kind" "${tuned[@]}" -- "${b2b_args[@]}"
   fi
 done
+# Fast without tuning: 1 MiB on kernel UDP hosts (libtreeduce's default transport) with
+# libtreeduce's own defaults (window, payload from the MTU, adaptive retransmission timeout)
+# against the benchmark's settings, at MTU 1500 and 8300.
+if [ "$tuning" -eq 1 ]; then
+  one_mib=(-b 1048576 -e 1048576 -d f32 -o sum -n "$([ "$quick" -eq 1 ] && echo 5 || echo 20)"
+    -w 3)
+  for mtu in 1500 8300; do
+    fabric "defaults mtu $mtu" "tuning-$mtu-defaults" --hosts udp --mtu "$mtu" --slots 0 \
+      -- "${one_mib[@]}"
+    fabric "tuned mtu $mtu" "tuning-$mtu-tuned" --hosts udp --mtu "$mtu" --slots 64 \
+      --rto-us 10000 -- "${one_mib[@]}"
+  done
+fi
 
 # The switch daemon benchmark (busy-polls both CPUs: nothing else should run meanwhile).
 if [ "$switchd" -eq 1 ]; then

@@ -122,6 +122,13 @@ TEST_F(BenchReport, EveryTargetVerdictFromItsFigures) {
         {row(kMiB, 200, 110, 100), row(4 * kMiB, 300, 400, 400), row(16 * kMiB, 2000, 1200, 900)});
   lines("b2b-dpdk.jsonl", {b2b_row(100, 160)});
   lines("b2b-udp.jsonl", {b2b_row(100, 140)});
+  // Defaults within 1.2x of the tuned settings at both MTUs, but 3 retransmissions at 8300.
+  json retx = row(kMiB, 100, 100, 100);
+  retx["treeduce"]["retransmits"] = 3;
+  lines("tuning-1500-defaults.jsonl", {row(kMiB, 110, 100, 100)});
+  lines("tuning-1500-tuned.jsonl", {row(kMiB, 100, 100, 100)});
+  lines("tuning-8300-defaults.jsonl", {retx});
+  lines("tuning-8300-tuned.jsonl", {row(kMiB, 95, 100, 100)});
   write("switchd.json", json{{"ok", true},
                              {"reps", 3},
                              {"rows", json::array()},
@@ -168,6 +175,14 @@ TEST_F(BenchReport, EveryTargetVerdictFromItsFigures) {
   EXPECT_TRUE(has(b2b_udp, "**MISSED**")) << b2b_udp;
   EXPECT_TRUE(has(b2b_udp, "1.40x (short by 0.10, 7%)")) << b2b_udp;
 
+  const std::string tuning = target("fast without tuning");
+  EXPECT_TRUE(has(tuning, "**MISSED**")) << tuning;
+  EXPECT_TRUE(has(tuning,
+                  "MTU 1500: defaults 110.0 us with 0 retransmissions, tuned 100.0 us "
+                  "(0): 1.10x;"))
+      << tuning;
+  EXPECT_TRUE(has(tuning, "MTU 8300: defaults 100.0 us with 3 retransmissions")) << tuning;
+
   const std::string sw = target("the switch at 1 KiB, fan-in 8");
   EXPECT_TRUE(has(sw, "**MET**")) << sw;
   EXPECT_TRUE(has(sw, "210 ns against 160 + 40.0 ns = 1.05x")) << sw;
@@ -184,6 +199,10 @@ TEST_F(BenchReport, MissingFiguresAreNotMeasuredAndUndisturbedRunsAreNeeded) {
   EXPECT_TRUE(has(target("kernel-bypass hosts, f32 sum"), "**NOT MEASURED**"));
   EXPECT_TRUE(has(target("kernel-bypass hosts, f32 sum"), "4 MiB: not in this run"));
   EXPECT_TRUE(has(target("hosts without DPDK"), "(af_xdp not run)"));
+  EXPECT_TRUE(has(target("kernel UDP hosts (sockets on veth, af_packet at the switch), back to "
+                         "back"),
+                  "**NOT MEASURED**"));
+  EXPECT_TRUE(has(target("fast without tuning"), "the tuning runs were not made"));
   EXPECT_TRUE(has(target("the switch at 1 KiB"), "**NOT MEASURED**"));
   EXPECT_TRUE(has(target("the switch at 1 KiB"), "the switch benchmark was not run"));
 
