@@ -42,16 +42,20 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
-/// The digests the ranks printed ("...: rank R: N checks, 0 wrong, digest D"): one per rank
-/// that had no wrong result, and every one of them equal (they are of allreduced results).
+/// The digests the ranks printed ("PROG: rank R: N checks, 0 wrong, digest D"): one per rank
+/// that had no wrong result, and every one of them equal (they are of allreduced results). A
+/// line may follow another rank's on the same output line (mpirun forwards the ranks' writes as
+/// they come: "...digest D1[1,0]<stdout>:PROG: rank 0: ..."), so PROG is found wherever a word
+/// starts, not at the start of a line.
 std::set<std::string> digests(const std::string& out, const std::string& prog, int ranks) {
   std::set<std::string> d;
-  static const std::regex re(R"((\S+): rank (\d+): \d+ checks, 0 wrong, digest ([0-9a-f]+))");
+  const std::regex re("(?:^|[^A-Za-z0-9_./-])" +
+                      std::regex_replace(prog, std::regex(R"(\.)"), R"(\.)") +
+                      R"(: rank (\d+): \d+ checks, 0 wrong, digest ([0-9a-f]+))");
   int n = 0;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
        ++it) {
-    if ((*it)[1] != prog) continue;
-    d.insert((*it)[3]);
+    d.insert((*it)[2]);
     ++n;
   }
   EXPECT_EQ(n, ranks) << out;
