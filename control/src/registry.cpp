@@ -331,8 +331,7 @@ Status JobRegistry::install_tree(Job& j) {
                                "': " + s.message());
       // Roll back what went in; the failed switch holds nothing of this tree.
       for (std::size_t k = 0; k < i; ++k)
-        (void)client_.remove(sw_[j.tree->nodes[k].sw].agent, installs[k].switch_name,
-                             j.tree->tree_id);
+        (void)agent_remove(j.tree->nodes[k].sw, installs[k].switch_name, j.tree->tree_id);
       (void)alloc_.release(j.tree->job);
       j.tree.reset();
       if (unreachable(s)) {
@@ -346,23 +345,47 @@ Status JobRegistry::install_tree(Job& j) {
 }
 
 Status JobRegistry::install_on(std::uint32_t sw, const TreeInstall& t) {
-  Status s = client_.install(sw_[sw].agent, t);
+  Status s = agent_install(sw, t);
   if (s.code() != Code::already_exists) return s;
   // No live job of this registry has the id (the allocator hands each out once), so what the
   // switch holds under it is left over from a manager that forgot it: replace it.
   std::cerr << "treeduce-manager: switch " << t.switch_name << " holds a stale tree " << t.tree_id
             << "; removing it for job '" << t.job << "'\n";
-  if (Status r = client_.remove(sw_[sw].agent, t.switch_name, t.tree_id);
-      !r.ok() && r.code() != Code::not_found)
+  if (Status r = agent_remove(sw, t.switch_name, t.tree_id); !r.ok() && r.code() != Code::not_found)
     return r;
-  return client_.install(sw_[sw].agent, t);
+  return agent_install(sw, t);
+}
+
+Status JobRegistry::agent_install(std::uint32_t sw, const TreeInstall& t) {
+  const std::int64_t t0 = now();
+  Status s = client_.install(sw_[sw].agent, t);
+  extend_leases(now() - t0);
+  return s;
+}
+
+Status JobRegistry::agent_remove(std::uint32_t sw, const std::string& switch_name,
+                                 std::uint16_t tree_id) {
+  const std::int64_t t0 = now();
+  Status s = client_.remove(sw_[sw].agent, switch_name, tree_id);
+  extend_leases(now() - t0);
+  return s;
+}
+
+// Every lease that runs gets the time back: only silence while the manager could listen counts.
+void JobRegistry::extend_leases(std::int64_t ms) {
+  if (ms <= 0) return;
+  for (Sw& s : sw_)
+    if (s.registered && s.lease_until > 0) s.lease_until += ms;
+  for (auto& [name, j] : jobs_)
+    for (auto& [r, rk] : j.ranks)
+      if (!rk.left) rk.lease_until += ms;
 }
 
 void JobRegistry::remove_tree(Job& j) {
   if (!j.tree) return;
   for (const TreeNode& n : j.tree->nodes)
     if (alloc_.switch_up(n.sw))
-      (void)client_.remove(sw_[n.sw].agent, topo_->switches[n.sw].name, j.tree->tree_id);
+      (void)agent_remove(n.sw, topo_->switches[n.sw].name, j.tree->tree_id);
   (void)alloc_.release(j.tree->job);
   j.tree.reset();
 }
@@ -608,7 +631,7 @@ Result<Reconciled> JobRegistry::reconcile(std::uint32_t sw, const std::vector<He
       continue;
     }
     if (w != want.end()) continue;  // another tree under a job's id: install_on replaces it
-    Status r = client_.remove(sw_[sw].agent, sname, h.tree_id);
+    Status r = agent_remove(sw, sname, h.tree_id);
     if (unreachable(r))
       return unavailable("Switch " + sname + " registered but its agent at " + sw_[sw].agent +
                          " does not answer: " + r.message());

@@ -831,8 +831,8 @@ class Up {
   void start_manager() {
     const std::string port_file = dir() + "/manager.port";
     std::vector<std::string> argv = {
-        manager_bin_,         "-t",      dir() + "/topology.yaml", "-l",   s_.mgmt_ip + ":0",
-        "--port-file",        port_file, "--switch-lease-ms",      "5000", "--db",
+        manager_bin_,         "-t",      dir() + "/topology.yaml", "-l",    s_.mgmt_ip + ":0",
+        "--port-file",        port_file, "--switch-lease-ms",      "15000", "--db",
         dir() + "/manager.db"};
     const tls::TlsOptions mt = lab_tls(dir(), "manager");
     argv.insert(argv.end(), {"--tls-ca", mt.ca, "--tls-cert", mt.cert, "--tls-key", mt.key});

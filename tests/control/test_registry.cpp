@@ -24,8 +24,11 @@ struct RecordingClient : SwitchClient {
   std::map<std::string, std::map<std::uint16_t, TreeInstall>> trees;
   std::set<std::string> dead;
   int installs = 0, removes = 0;
+  std::atomic<std::int64_t>* clock = nullptr;  // when set, each call takes `slow_ms` of it
+  std::int64_t slow_ms = 0;
   Status install(const std::string&, const TreeInstall& t) override {
     std::lock_guard l(mu);
+    if (clock != nullptr) *clock += slow_ms;
     ++installs;
     if (dead.count(t.switch_name)) return unavailable("connection refused");
     if (!trees[t.switch_name].emplace(t.tree_id, t).second) return already_exists("id in use");
@@ -33,6 +36,7 @@ struct RecordingClient : SwitchClient {
   }
   Status remove(const std::string&, const std::string& sw, std::uint16_t id) override {
     std::lock_guard l(mu);
+    if (clock != nullptr) *clock += slow_ms;
     ++removes;
     if (dead.count(sw)) return unavailable("connection refused");
     return trees[sw].erase(id) ? Status::Ok() : not_found("no such tree");
@@ -358,6 +362,30 @@ TEST_F(Fixture, LeasesExpireAndFreeResources) {
   clock += 2000;
   reg->sweep();
   EXPECT_TRUE(reg->jobs().empty());
+}
+
+// The manager calls switch agents with its lock held, and heartbeats wait for that lock: a slow
+// agent (a loaded machine) must not make the ranks or the other switches look dead. Each call
+// here takes 1.5 s of the registry's clock against leases of 1 s.
+TEST_F(Fixture, TimeSpentInSwitchCallsDoesNotRunLeasesOut) {
+  make(true);
+  for (const char* sw : {"leaf0", "leaf1", "spine0", "spine1"})
+    ASSERT_TRUE(reg->register_switch(sw, std::string(sw) + ":7000", std::nullopt, {}).ok()) << sw;
+  client.clock = &clock;
+  client.slow_ms = 1500;
+  ASSERT_EQ(join_all("j", {"h0-0", "h1-0"}).size(), 2u);
+  ASSERT_EQ(client.total(), 3u);  // leaf0, leaf1 and a spine: 4.5 s in install calls
+  reg->sweep();
+  ASSERT_EQ(reg->jobs().size(), 1u);
+  EXPECT_EQ(reg->jobs()[0].state, JobState::running) << reg->jobs()[0].reason;
+  for (const char* sw : {"leaf0", "leaf1", "spine0", "spine1"})
+    EXPECT_TRUE(reg->switch_heartbeat(sw).ok()) << sw;
+  // Silence while the manager could listen still counts: 1 s more and the leases are out.
+  client.slow_ms = 0;
+  clock += 1001;
+  reg->sweep();
+  EXPECT_TRUE(reg->jobs().empty());  // both ranks silent: the job and its tree are gone
+  EXPECT_EQ(client.total(), 0u);
 }
 
 TEST_F(Fixture, FailedSwitchFailsItsJobsAndIsAvoided) {

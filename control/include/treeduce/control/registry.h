@@ -318,6 +318,12 @@ class JobRegistry {
   Result<Reconciled> reconcile(std::uint32_t sw, const std::vector<HeldTree>& held);
   void end_job(std::map<std::string, Job>::iterator it);
   void fail_jobs_on(std::uint32_t sw, const std::string& why);
+  /// A switch agent's RPC, made with mu_ held: heartbeats wait for mu_ meanwhile, so the time it
+  /// takes is added to every lease (a slow agent on a loaded machine must not make the other
+  /// switches and the ranks look dead).
+  Status agent_install(std::uint32_t sw, const TreeInstall& t);
+  Status agent_remove(std::uint32_t sw, const std::string& switch_name, std::uint16_t tree_id);
+  void extend_leases(std::int64_t ms);
   void touch(const std::string& job) { dirty_jobs_.insert(job); }
   void touch_switch(std::uint32_t sw) { dirty_sw_.insert(sw); }
   /// Writes what was touched in one transaction. A store failure is logged, not returned: the
