@@ -241,6 +241,22 @@ def over(x, goal):
     return "" if x <= goal else f" ({x - goal:.2f} over, {100 * (x - goal) / goal:.0f}%)"
 
 # ---- checks -----------------------------------------------------------------------------------
+def check_row(r, where):
+    """Wrong elements of any backend fail the report, as does a failed treeduce; a row reduced on
+    the hosts is only a warning (not an in-network figure)."""
+    for impl, name in IMPLS + [("sequential", "sequential")]:
+        w = get(r, impl, "wrong")
+        if w:
+            failures.append(f"{name}: {int(w)} wrong elements at {r['size']} B "
+                            f"{r.get('type')} {r.get('op')}{where}")
+    p = r["treeduce"].get("path", "network")
+    if p == "FAILED":
+        failures.append(f"treeduce: the allreduce failed at {r['size']} B {r.get('type')} "
+                        f"{r.get('op')}{where}")
+    elif p != "network":
+        warnings.append(f"treeduce took the host fallback (path {p}) at {r['size']} B "
+                        f"{r.get('type')} {r.get('op')}{where}: not an in-network figure")
+
 for k in kinds:
     where = f" ({k} hosts)" if k else ""
     for r in sweeps.get(k, []):
@@ -251,34 +267,13 @@ for k in kinds:
                     f"no {name} result (absent, or null: it failed on a rank) for {r.get('type')} "
                     f"{r.get('op')} at {r['size']} B{where}")
     for r in sweeps.get(k, []) + b2bs.get(k, []):
-        for impl, name in IMPLS + [("sequential", "sequential")]:
-            w = get(r, impl, "wrong")
-            if w:
-                failures.append(f"{name}: {int(w)} wrong elements at {r['size']} B "
-                                f"{r.get('type')} {r.get('op')}{where}")
-        p = r["treeduce"].get("path", "network")
-        if p == "FAILED":
-            failures.append(f"treeduce: the allreduce failed at {r['size']} B {r.get('type')} "
-                            f"{r.get('op')}{where}")
-        elif p != "network":
-            warnings.append(f"treeduce took the host fallback (path {p}) at {r['size']} B "
-                            f"{r.get('type')} {r.get('op')}{where}: not an in-network figure")
+        check_row(r, where)
     for r in b2bs.get(k, []):
         if get(r, "sequential", "time_us") is None:
             failures.append(f"back to back{where}: no sequential result at {r['size']} B")
-
 for (mtu, how), rows in sorted(tuning.items()):
     for r in rows:
-        where = f" (kernel UDP hosts, MTU {mtu}, {how})"
-        w = get(r, "treeduce", "wrong")
-        if w:
-            failures.append(f"treeduce: {int(w)} wrong elements at {r['size']} B{where}")
-        p = r["treeduce"].get("path", "network")
-        if p == "FAILED":
-            failures.append(f"treeduce: the allreduce failed at {r['size']} B{where}")
-        elif p != "network":
-            warnings.append(f"treeduce took the host fallback (path {p}) at {r['size']} B"
-                            f"{where}: not an in-network figure")
+        check_row(r, f" (kernel UDP hosts, MTU {mtu}, {how})")
 
 def combos_of(rows):
     cs = []
