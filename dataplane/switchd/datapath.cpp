@@ -119,6 +119,7 @@ Switch::Impl::~Impl() {
   rte_ring_free(probe_ring);
   rte_ring_free(inject_ring);
   rte_free(qsbr);
+  for (const Port& p : ports) rte_mempool_free(p.own_pool);
   rte_mempool_free(pool);
   rte_mempool_free(hdr_pool);
   rte_mempool_free(ind_pool);

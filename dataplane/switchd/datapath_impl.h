@@ -91,6 +91,8 @@ struct Port {
   proto::Endpoint self;  ///< port MAC and IP (data port number unused)
   std::uint16_t rx_queues = 1;
   bool chain = false;  ///< the PMD takes multi-segment mbufs: multicast shares one payload
+  /// The port's own RX pool (net_af_xdp: its UMEM, page-sized frames); null: the shared `pool`.
+  rte_mempool* own_pool = nullptr;
 };
 
 /// A port's injected faults as the workers read them (relaxed atomics, one load each per burst):
@@ -234,6 +236,8 @@ struct Switch::Impl {
   Status create_pools();
   Status setup_ports();
   Status setup_port(const PortConfig& pc);
+  Result<rte_mempool*> af_xdp_pool(const PortConfig& pc, std::uint16_t port, std::uint16_t idx);
+  static std::uint32_t af_xdp_frame_room(rte_mempool* mp);
   Status attach_port(std::uint16_t idx, int socket);
   void stop_ports();
   std::vector<PortStats> port_stats() const;

@@ -5,6 +5,8 @@
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "datapath_impl.h"
@@ -45,6 +47,54 @@ Status Switch::Impl::setup_ports() {
   return Status::Ok();
 }
 
+namespace {
+
+/// XDP_PACKET_HEADROOM (linux/bpf.h): what the kernel keeps in front of a frame it writes.
+constexpr std::uint32_t kXdpHeadroom = 256;
+/// The mbufs DPDK 22.11's net_af_xdp puts in each RX queue's fill ring at set-up
+/// (ETH_AF_XDP_DFLT_NUM_DESCS), whatever the queue's descriptor count.
+constexpr std::uint32_t kAfXdpFillRing = 2048;
+
+}  // namespace
+
+/// The bytes of a frame an mbuf of `mp` (a net_af_xdp port's UMEM) holds: its data room less
+/// DPDK's headroom and the kernel's XDP headroom, both in front of the frame.
+std::uint32_t Switch::Impl::af_xdp_frame_room(rte_mempool* mp) {
+  return rte_pktmbuf_data_room_size(mp) - RTE_PKTMBUF_HEADROOM - kXdpHeadroom;
+}
+
+/// A net_af_xdp port's RX pool. DPDK's PMD registers its RX pool as the socket's UMEM, one mbuf
+/// per UMEM frame, and without hugepages the kernel takes frames of at most a page (the shared
+/// 8448-byte frames fail with "Failed to create umem"): so the port gets a pool of its own with
+/// the largest mbufs that fit a page, and an MTU whose frames do not fit them is refused here.
+Result<rte_mempool*> Switch::Impl::af_xdp_pool(const PortConfig& pc, std::uint16_t port,
+                                               std::uint16_t idx) {
+  // Without `mtu:` the port keeps the interface's own (dpdk::start_port).
+  std::uint16_t mtu = static_cast<std::uint16_t>(pc.mtu);
+  if (mtu == 0 && rte_eth_dev_get_mtu(port, &mtu) != 0) mtu = RTE_ETHER_MTU;
+  const auto page = static_cast<std::uint32_t>(sysconf(_SC_PAGESIZE));
+  std::uint32_t room = page - sizeof(rte_mbuf);
+  rte_mempool_objsz sz;
+  while (room > 0 && rte_mempool_calc_obj_size(sizeof(rte_mbuf) + room, 0, &sz) > page)
+    room -= RTE_CACHE_LINE_SIZE;
+  const std::uint32_t frame = room - RTE_PKTMBUF_HEADROOM - kXdpHeadroom;
+  if (std::uint32_t{mtu} + RTE_ETHER_HDR_LEN > frame) {
+    return failed_precondition(
+        "port '" + pc.name + "' (net_af_xdp) takes frames of at most " + std::to_string(frame) +
+        " bytes (its UMEM frames are a page, " + std::to_string(page) +
+        " bytes, less DPDK's and the kernel's headroom), but its MTU is " + std::to_string(mtu) +
+        ": give it an MTU of at most " + std::to_string(frame - RTE_ETHER_HDR_LEN) +
+        ", or use net_af_packet for jumbo frames.");
+  }
+  // What the port's queues can hold (as create_pools() counts for the shared pool): per queue
+  // the PMD's fill ring, its RX ring and its TX ring (the PMD copies a frame from another pool
+  // into one of these to send it), then the lcore caches.
+  const std::uint32_t nb =
+      n_workers * (kAfXdpFillRing + cfg.rx_desc + cfg.tx_desc) + n_workers * 2 * 256 + 1024;
+  return dpdk::create_pool("td_xdp" + std::to_string(idx), nb, 256,
+                           static_cast<std::uint16_t>(room), static_cast<int>(rte_socket_id()));
+}
+
 /// Brings up one port: as many RX queues as workers (or as the PMD has), one TX queue per worker,
 /// multi-segment TX where the PMD takes it (multicast then chains a shared payload).
 Status Switch::Impl::setup_port(const PortConfig& pc) {
@@ -62,6 +112,11 @@ Status Switch::Impl::setup_port(const PortConfig& pc) {
                                " datapath lcores need one each (give the PMD more queues, or "
                                "fewer lcores).");
   }
+  if (std::string_view(info->driver_name) == "net_af_xdp") {
+    Result<rte_mempool*> own = af_xdp_pool(pc, p.id, static_cast<std::uint16_t>(ports.size()));
+    if (!own.ok()) return own.status();
+    p.own_pool = *own;
+  }
   dpdk::PortRequest req;
   req.name = pc.name;
   req.rx_queues = nq;
@@ -69,12 +124,15 @@ Status Switch::Impl::setup_port(const PortConfig& pc) {
   req.rx_desc = static_cast<std::uint16_t>(cfg.rx_desc);
   req.tx_desc = static_cast<std::uint16_t>(cfg.tx_desc);
   req.mtu = static_cast<std::uint16_t>(pc.mtu);
-  req.rx_pool = pool;
-  req.rx_frame_room = kFrameRoom;
+  req.rx_pool = p.own_pool != nullptr ? p.own_pool : pool;
+  req.rx_frame_room = p.own_pool != nullptr ? af_xdp_frame_room(p.own_pool) : kFrameRoom;
   req.multi_seg_tx = true;
   req.mac = pc.mac;
   Result<dpdk::PortUp> up = dpdk::start_port(p.id, *info, req);
-  if (!up.ok()) return up.status();
+  if (!up.ok()) {
+    rte_mempool_free(p.own_pool);
+    return up.status();
+  }
   if (up->configured_mtu != up->mtu) {
     log("port '%s': %s advertises %u-byte frames but carries longer ones: MTU %u configured, "
         "frames up to MTU %u pass",

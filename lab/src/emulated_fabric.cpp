@@ -222,9 +222,17 @@ std::string Fabric::wait_ready(Proc** p) {
   }
 }
 
-std::string Fabric::af_packet_vdev(int index, int h) const {
-  return lab::af_packet_vdev("net_af_packet" + std::to_string(index), port_if(h), opt_.lcores,
-                             opt_.mtu);
+std::string Fabric::host_port_name(int index) const {
+  return (opt_.switch_af_xdp ? "net_af_xdp" : "net_af_packet") + std::to_string(index);
+}
+
+std::string Fabric::host_port_vdev(int index, int h) const {
+  // One queue: a veth has one unless made with more, and the switch's lcores share it.
+  if (opt_.switch_af_xdp) {
+    return "--vdev=" + host_port_name(index) + ",iface=" + port_if(h) +
+           ",start_queue=0,queue_count=1";
+  }
+  return lab::af_packet_vdev(host_port_name(index), port_if(h), opt_.lcores, opt_.mtu);
 }
 
 std::string Fabric::host_memif_args() const {
@@ -254,8 +262,8 @@ std::string Fabric::start_one_leaf(bool static_trees) {
       vdevs.push_back("--vdev=net_memif" + std::to_string(h) +
                       ",role=server,id=" + std::to_string(h) + host_memif_args());
     } else {
-      y << port_yaml("net_af_packet" + std::to_string(h), ip, opt_.host_port_loss, opt_.mtu);
-      vdevs.push_back(af_packet_vdev(h, h));
+      y << port_yaml(host_port_name(h), ip, opt_.host_port_loss, opt_.mtu);
+      vdevs.push_back(host_port_vdev(h, h));
     }
     children.push_back({host_ip(h) + ":" + std::to_string(kHostPort), 1});
   }
@@ -299,9 +307,9 @@ std::string Fabric::start_two_level(bool static_trees) {
   for (int l = 0; l < 2; ++l) {
     std::ostringstream y;
     y << "name: leaf" << l << "\ndata: 10.0.0." << l + 1 << ":47110\nports:\n"
-      << port_yaml("net_af_packet0", "10.1." + std::to_string(2 * l) + ".254/24",
+      << port_yaml(host_port_name(0), "10.1." + std::to_string(2 * l) + ".254/24",
                    opt_.host_port_loss, opt_.mtu)
-      << port_yaml("net_af_packet1", "10.1." + std::to_string(2 * l + 1) + ".254/24",
+      << port_yaml(host_port_name(1), "10.1." + std::to_string(2 * l + 1) + ".254/24",
                    opt_.host_port_loss, opt_.mtu)
       << port_yaml("net_memif0", "10.2." + std::to_string(l) + ".1/30", opt_.leaf_uplink_loss,
                    opt_.mtu)
@@ -314,7 +322,7 @@ std::string Fabric::start_two_level(bool static_trees) {
     }
     const std::string cfg = lab_.write("leaf" + std::to_string(l) + ".yaml", y.str());
     switches_.push_back(&start_switch("leaf" + std::to_string(l), cfg,
-                                      {af_packet_vdev(0, 2 * l), af_packet_vdev(1, 2 * l + 1),
+                                      {host_port_vdev(0, 2 * l), host_port_vdev(1, 2 * l + 1),
                                        "--vdev=net_memif0,role=client,id=" + std::to_string(l) +
                                            ",socket=" + d + "/memif.sock" + bsize}));
   }

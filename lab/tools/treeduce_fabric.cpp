@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
       "treeduce-fabric: an emulated fabric (manager, treeduce-switch processes, 4 host ranks in "
       "network namespaces) running treeduce-perf; the allreduce benchmark's fabric"};
   double loss = 0;
-  std::string topology = "two-level", hosts = "udp", json_out;
+  std::string topology = "two-level", hosts = "udp", switch_ports = "af_packet", json_out;
   std::vector<std::string> baselines;
   FabricOptions fo{TREEDUCE_SWITCH_BIN, TREEDUCE_MANAGER_BIN};
   // Defaults: jumbo frames, the protocol's largest payload, a 64-slot window and GSO, the
@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
                  "largest that fits the MTU)")
       ->check(CLI::Range(256, 8192) & pow2_or_0);
   app.add_option("--rto-us", fo.rto_us,
-                 "the ranks' first retransmission timeout (0: libtreeduce's, 1 ms)")
+                 "the ranks' first retransmission timeout (0: libtreeduce's, adaptive)")
       ->check(CLI::Range(0, 128000));
   app.add_option("--idle-sleep-us", fo.idle_sleep_us,
                  "the switches' longest idle sleep (0: busy polling; they share the CPUs with "
@@ -156,6 +156,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--gso,!--no-gso", fo.host_gso,
                "udp hosts send with UDP GSO, segmented by their veth (default on)");
+  app.add_option("--switch-ports", switch_ports,
+                 "the leaves' ports to udp and af_xdp hosts' veths: af_packet (DPDK's "
+                 "net_af_packet) or af_xdp (net_af_xdp: an AF_XDP socket, MTU at most about 3300 "
+                 "without hugepages)")
+      ->check(CLI::IsMember({"af_packet", "af_xdp"}))
+      ->capture_default_str();
   app.add_flag("--memif-zero-copy", fo.host_memif_zero_copy,
                "dpdk hosts' memif ports in zero-copy mode (the switch reads and writes the ranks' "
                "mbufs; the ranks then copy payloads on TX)");
@@ -211,6 +217,13 @@ int main(int argc, char** argv) {
   }
   // GSO is the kernel UDP hosts' default only.
   if (fo.host_transport != HostTransport::udp) fo.host_gso = false;
+  fo.switch_af_xdp = switch_ports == "af_xdp";
+  if (fo.switch_af_xdp && fo.host_transport == HostTransport::dpdk) {
+    std::fprintf(stderr,
+                 "treeduce-fabric: --switch-ports is for udp and af_xdp hosts (dpdk hosts reach "
+                 "the leaf over memif).\n");
+    return 2;
+  }
   if (fo.host_memif_zero_copy && fo.host_transport != HostTransport::dpdk) {
     std::fprintf(stderr, "treeduce-fabric: --memif-zero-copy is for --hosts dpdk.\n");
     return 2;
@@ -259,17 +272,18 @@ int main(int argc, char** argv) {
     char loss_text[64] = "";
     if (loss > 0)
       std::snprintf(loss_text, sizeof loss_text, ", %g %% loss on every link", loss * 100);
-    const char* host_text = fo.host_transport == HostTransport::dpdk
-                                ? "libtreeduce's DPDK transport on memif"
-                            : fo.host_transport == HostTransport::af_xdp
-                                ? "libtreeduce's AF_XDP transport on veth to af_packet"
-                            : fo.host_gso ? "kernel UDP with GSO on veth to af_packet"
-                                          : "kernel UDP on veth to af_packet";
+    const char* host_text =
+        fo.host_transport == HostTransport::dpdk     ? "libtreeduce's DPDK transport on memif"
+        : fo.host_transport == HostTransport::af_xdp ? "libtreeduce's AF_XDP transport on veth"
+        : fo.host_gso                                ? "kernel UDP with GSO on veth"
+                                                     : "kernel UDP on veth";
     std::printf(
-        "[1/3] fabric: manager, %s, 4 host namespaces (%s, MTU %d, %u-byte payloads)%s ...\n",
-        leaf ? "leaf0 (treeduce-switch)"
-             : "leaf0 + leaf1 + spine (treeduce-switch on memif and af_packet)",
-        host_text, fo.mtu, fo.payload_bytes, loss_text);
+        "[1/3] fabric: manager, %s, 4 host namespaces (%s%s, MTU %d, %u-byte payloads)%s ...\n",
+        leaf ? "leaf0 (treeduce-switch)" : "leaf0 + leaf1 + spine (treeduce-switch)", host_text,
+        fo.host_transport == HostTransport::dpdk ? ""
+        : fo.switch_af_xdp                       ? " to af_xdp"
+                                                 : " to af_packet",
+        fo.mtu, fo.payload_bytes, loss_text);
     if (const std::string e = fab.up(); !e.empty()) {
       std::fprintf(stderr, "treeduce-fabric: %s\n", e.c_str());
       return 1;

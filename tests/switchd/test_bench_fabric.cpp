@@ -143,6 +143,39 @@ TEST_F(BenchFabric, AfXdpHostsWithJumboFramesOnEitherTopology) {
   expect_verified(rows(json_), 2, {});
 }
 
+// The leaves' host ports as DPDK's net_af_xdp (an AF_XDP socket on the veth, its UMEM the
+// port's own pool of page-sized mbufs) at the standard MTU: kernel UDP hosts through one leaf
+// beside Gloo, then AF_XDP hosts (an XDP program on both ends of each veth) through two leaves
+// and the spine. Jumbo frames do not fit a page: the switch refuses the port, naming the most
+// it takes.
+TEST_F(BenchFabric, SwitchAfXdpPortsAtTheStandardMtu) {
+  Outcome r =
+      run("--topology leaf --hosts udp --switch-ports af_xdp --mtu 1500 --compare gloo "
+          "--json-out " +
+          json_ + " -- -b 4096 -e 1048576 -f 16 -d f32 -o sum -n 2 -w 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("(kernel UDP with GSO on veth to af_xdp, MTU 1500, 1024-byte payloads)"),
+            std::string::npos)
+      << r.output;
+  expect_verified(rows(json_), 3, {"gloo"});
+#ifdef TREEDUCE_HAVE_AF_XDP
+  std::remove(json_.c_str());
+  r = run("--topology two-level --hosts af_xdp --switch-ports af_xdp --mtu 1500 --json-out " +
+          json_ + " -- -b 65536 -e 1048576 -f 16 -d f32 -o sum -n 2 -w 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("treeduce: info: af_xdp transport on eth0 "), std::string::npos)
+      << r.output;
+  expect_verified(rows(json_), 2, {});
+#endif
+  r = run("--topology leaf --switch-ports af_xdp --mtu 8300 -- -b 4096 -e 4096 -n 1 -w 0");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("port 'net_af_xdp0' (net_af_xdp) takes frames of at most "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("but its MTU is 8300: give it an MTU of at most "), std::string::npos)
+      << r.output;
+}
+
 TEST_F(BenchFabric, RefusesWhatItCannotBuild) {
   Outcome r = run("--topology two-level --hosts dpdk");
   EXPECT_EQ(r.status, 2);
@@ -150,6 +183,10 @@ TEST_F(BenchFabric, RefusesWhatItCannotBuild) {
   r = run("--topology leaf --hosts dpdk --gso");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("--gso is for kernel UDP hosts"), std::string::npos) << r.output;
+  r = run("--topology leaf --hosts dpdk --switch-ports af_xdp");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--switch-ports is for udp and af_xdp hosts"), std::string::npos)
+      << r.output;
   r = run("--topology leaf --memif-zero-copy");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("--memif-zero-copy is for --hosts dpdk"), std::string::npos) << r.output;
@@ -170,8 +207,9 @@ TEST_F(BenchFabric, RefusesWhatItCannotBuild) {
   r = run("--mtu 1500 --payload 8192");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("needs an MTU of at least 8252"), std::string::npos) << r.output;
-  for (const char* bad : {"--mtu 9000", "--hosts rdma", "--slots 48", "--payload 1000",
-                          "--payload 128", "--loss 1.5", "--compare gloo,nccl", "--frobnicate"}) {
+  for (const char* bad :
+       {"--mtu 9000", "--hosts rdma", "--slots 48", "--payload 1000", "--payload 128", "--loss 1.5",
+        "--compare gloo,nccl", "--switch-ports tap", "--frobnicate"}) {
     r = run(bad);
     EXPECT_EQ(r.status, 2) << bad << "\n" << r.output;
     const std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));

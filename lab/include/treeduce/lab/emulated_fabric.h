@@ -39,6 +39,10 @@ struct FabricOptions {
   /// switch's af_packet ring frames are as large as its mbufs).
   int mtu = 1500;
   HostTransport host_transport = HostTransport::udp;
+  /// The leaves' ports to the hosts' veths are net_af_xdp (an AF_XDP socket on the veth, native
+  /// XDP in copy mode) instead of net_af_packet. Its UMEM frames are a page without hugepages,
+  /// so the MTU is at most about 3300 (the switch refuses a larger one, naming the limit).
+  bool switch_af_xdp = false;
   /// Kernel UDP hosts send with UDP GSO (TREEDUCE_UDP_GSO=1), their veth segmenting in software
   /// as a NIC with USO would in hardware. Ignored for the other transports.
   bool host_gso = false;
@@ -50,7 +54,7 @@ struct FabricOptions {
   /// TREEDUCE_PAYLOAD_BYTES); 0 = libtreeduce's defaults.
   std::uint32_t slots = 0;
   std::uint32_t payload_bytes = 0;
-  /// The ranks' first retransmission timeout (TREEDUCE_RTO_US); 0 = libtreeduce's (1 ms).
+  /// The ranks' first retransmission timeout (TREEDUCE_RTO_US); 0 = libtreeduce's (adaptive).
   std::uint32_t rto_us = 0;
   /// Static trees only (with a manager, the job asks for it).
   bool deterministic = false;
@@ -135,7 +139,8 @@ class Fabric {
   std::string start_manager(const std::string& listen);
   std::string start_two_level(bool static_trees);
   std::string start_one_leaf(bool static_trees);
-  std::string af_packet_vdev(int index, int h) const;
+  std::string host_port_name(int index) const;  ///< a leaf's port to a host, by its index there
+  std::string host_port_vdev(int index, int h) const;  ///< its `--vdev=`, to host h's veth
   /// The memif vdev arguments of a host's link to the leaf, both ends (after id=).
   std::string host_memif_args() const;
   static std::string host_mac(int h) { return "02:7d:00:00:01:0" + std::to_string(h); }
