@@ -169,6 +169,8 @@ void each_setting(C& c, F&& f) {
   f("name", "the switch's name in the manager's topology", c.name);
   f("data", "the switch's treeduce address, A.B.C.D[:PORT]", c.data);
   f("idle_sleep_us", "0: busy polling; else the longest sleep of an idle lcore", c.idle_sleep_us);
+  f("idle_yield_us", "with idle_sleep_us: how long an idle lcore yields before it sleeps",
+    c.idle_yield_us);
   f("burst", "RX/TX burst size, 1..64", c.burst);
   f("tx_drain_us", "flush TX buffers at least this often", c.tx_drain_us);
   f("nack_rate", "NACKs per second and lcore at most; 0: no limit", c.nack_rate);
@@ -285,6 +287,7 @@ std::string check(const SwitchConfig& c, const Lines& lines, bool security = tru
     std::uint32_t lo, hi;
   };
   const Range ranges[] = {{&c.idle_sleep_us, "idle_sleep_us", 0, 1'000'000},
+                          {&c.idle_yield_us, "idle_yield_us", 0, 1'000'000},
                           {&c.burst, "burst", 1, 64},
                           {&c.tx_drain_us, "tx_drain_us", 1, 1'000'000},
                           {&c.nack_rate, "nack_rate", 0, 100'000'000},

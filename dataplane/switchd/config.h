@@ -60,6 +60,10 @@ struct SwitchConfig {
   /// 0: busy polling. Otherwise an idle lcore sleeps up to this long between polls (it backs off
   /// from 1 us after 64 empty polls), so that a switch shares a small machine.
   std::uint32_t idle_sleep_us = 0;
+  /// With idle_sleep_us: an idle lcore first yields its CPU (sched_yield) between polls for this
+  /// long before it starts sleeping; 0: it sleeps at once. A yield costs a runnable neighbour
+  /// nothing, and the next packet finds the lcore awake.
+  std::uint32_t idle_yield_us = 1000;
   std::uint32_t burst = 32;         ///< RX/TX burst size, 1..64
   std::uint32_t tx_drain_us = 100;  ///< TX buffers are flushed at least this often
   /// NACKs each datapath lcore sends per second at most (dp::Core::refill_nacks every 100 ms);

@@ -148,7 +148,8 @@ Snapshot Switch::snapshot() const {
     snap.switchd[static_cast<std::size_t>(SwitchdCounter::tx_queue_full)] += full;
     snap.lcores.push_back({w->lcore, __atomic_load_n(&w->polls, __ATOMIC_RELAXED),
                            __atomic_load_n(&w->busy_polls, __ATOMIC_RELAXED),
-                           __atomic_load_n(&w->sleeps, __ATOMIC_RELAXED)});
+                           __atomic_load_n(&w->sleeps, __ATOMIC_RELAXED),
+                           __atomic_load_n(&w->yields, __ATOMIC_RELAXED)});
   }
   for (const auto& [id, job] : s.jobs) {
     TreeStats ts;

@@ -155,7 +155,7 @@ struct alignas(64) Worker {
   rte_eth_dev_tx_buffer* txbuf[kMaxPorts] = {};
   std::uint64_t tx_dropped[kMaxPorts] = {};  ///< counted by the TX buffers' error callback
   std::array<std::uint64_t, kNumSwitchdCounters> counters{};
-  std::uint64_t polls = 0, busy_polls = 0, sleeps = 0, rx_total = 0;
+  std::uint64_t polls = 0, busy_polls = 0, sleeps = 0, yields = 0, rx_total = 0;
   std::uint64_t rng = 0;      ///< xorshift64 state for rx_loss
   HeldQueue held[kMaxPorts];  ///< frames held by a port's delay_us / rate_mbps
   /// Direct-mapped memory of recent resolve requests, so a burst to an unknown neighbour sends

@@ -179,6 +179,8 @@ constexpr LcoreField kLcoreFields[] = {
      "Receive polls of the lcore that returned frames."},
     {"treeduce_lcore_sleeps_total", "sleeps", &LcoreStats::sleeps,
      "Times the lcore slept because it was idle."},
+    {"treeduce_lcore_yields_total", "yields", &LcoreStats::yields,
+     "Times the lcore yielded its CPU because it was idle, before sleeping."},
 };
 
 }  // namespace

@@ -76,7 +76,7 @@ struct TreeStats {
 
 struct LcoreStats {
   unsigned lcore = 0;
-  std::uint64_t polls = 0, busy_polls = 0, sleeps = 0;
+  std::uint64_t polls = 0, busy_polls = 0, sleeps = 0, yields = 0;
 };
 
 struct Snapshot {
@@ -96,7 +96,7 @@ struct Snapshot {
 /// treeduce_port_{rx,tx}_{packets,bytes}_total{port},
 /// treeduce_port_{rx_missed,rx_errors,tx_errors}_total{port},
 /// treeduce_tree_drops_total{tree,job,reason}, treeduce_tree_events_total{tree,job,event},
-/// treeduce_lcore_{polls,busy_polls,sleeps}_total{lcore}, treeduce_switch_uptime_seconds,
+/// treeduce_lcore_{polls,busy_polls,sleeps,yields}_total{lcore}, treeduce_switch_uptime_seconds,
 /// treeduce_switch_trees.
 std::string render_prometheus(const Snapshot& s);
 

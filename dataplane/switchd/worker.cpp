@@ -5,6 +5,7 @@
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 #include <rte_ring_elem.h>
+#include <sched.h>
 
 #include <algorithm>
 
@@ -52,7 +53,9 @@ void Switch::Impl::worker_loop(Worker& w) {
     w.core->refill_nacks(nack_budget);
     next_nack_refill = rte_rdtsc() + nack_period;
   }
+  const std::uint64_t yield_tsc = tsc_hz * cfg.idle_yield_us / 1'000'000;
   std::uint32_t idle = 0, sleep_us = 1;
+  std::uint64_t idle_since = 0;
   rte_mbuf* local[kMaxBurst * 2];
   while (!g_stop.load(std::memory_order_relaxed)) {
     ++w.polls;
@@ -87,7 +90,25 @@ void Switch::Impl::worker_loop(Worker& w) {
       sleep_us = 1;
       continue;
     }
-    if (cfg.idle_sleep_us != 0 && ++idle > 64) idle_sleep(w, &sleep_us);
+    if (cfg.idle_sleep_us == 0) continue;
+    if (idle < 64) {
+      ++idle;
+      continue;
+    }
+    // Idle: yield the CPU between polls for idle_yield_us, then sleep. On a machine the switch
+    // shares, a sleeping lcore adds its sleep (and the timer's slack, 50 us by default) to the
+    // next packet's latency, while a yield hands the CPU to whoever is runnable and keeps the
+    // lcore awake for a small collective's next round trip.
+    if (idle == 64) {
+      idle_since = now;
+      idle = 65;
+    }
+    if (now - idle_since < yield_tsc) {
+      sched_yield();
+      ++w.yields;
+    } else {
+      idle_sleep(w, &sleep_us);
+    }
   }
   flush(w);
   rte_rcu_qsbr_thread_offline(qsbr, w.index);

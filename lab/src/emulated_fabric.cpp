@@ -384,7 +384,8 @@ Proc& Fabric::start_switch(const std::string& name, const std::string& cfg,
   argv.insert(argv.end(), vdevs.begin(), vdevs.end());
   for (const std::string& a :
        {std::string("--"), std::string("--config"), cfg, std::string("--idle-sleep-us"),
-        std::to_string(opt_.idle_sleep_us), std::string("--metrics"), std::string("127.0.0.1:0"),
+        std::to_string(opt_.idle_sleep_us), std::string("--idle-yield-us"),
+        std::to_string(opt_.idle_yield_us), std::string("--metrics"), std::string("127.0.0.1:0"),
         std::string("--final-stats"), lab_.dir() + "/" + name + ".prom",
         // A lab's switches take faults at run time (SetPortFault, `treeduce lab fault`).
         std::string("--faults"), std::string("true"),

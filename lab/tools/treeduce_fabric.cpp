@@ -154,6 +154,11 @@ int main(int argc, char** argv) {
                  "the ranks)")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
+  app.add_option("--idle-yield-us", fo.idle_yield_us,
+                 "how long an idle switch lcore yields its CPU before it starts sleeping (0: "
+                 "sleeps at once)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   app.add_flag("--gso,!--no-gso", fo.host_gso,
                "udp hosts send with UDP GSO, segmented by their veth (default on)");
   app.add_option("--switch-ports", switch_ports,

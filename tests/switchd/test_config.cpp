@@ -99,6 +99,7 @@ TEST(SwitchConfig, DocExampleLoads) {
   EXPECT_EQ(c.neighbors[0].port, "net_memif0");
   EXPECT_EQ(c.lcores, (std::vector<unsigned>{0, 1}));
   EXPECT_EQ(c.idle_sleep_us, 100u);
+  EXPECT_EQ(c.idle_yield_us, 1000u);
   EXPECT_EQ(c.burst, 32u);
   EXPECT_EQ(c.tx_drain_us, 100u);
   EXPECT_EQ(c.nack_rate, 10000u);
@@ -188,6 +189,8 @@ TEST(SwitchConfig, DefaultsAndSpellings) {
   EXPECT_EQ(c.metrics_listen, "");
   EXPECT_EQ(c.manager, "");
   EXPECT_EQ(c.burst, 32u);
+  EXPECT_EQ(c.idle_sleep_us, 0u);
+  EXPECT_EQ(c.idle_yield_us, 1000u);
   EXPECT_TRUE(c.lcores.empty());
   EXPECT_FALSE(c.faults);
   EXPECT_EQ(c.ports[0].delay_us, 0u);
@@ -238,6 +241,8 @@ TEST(SwitchConfig, SwitchErrorsNameTheLine) {
       {s + "burst: 0\n", "line 5: burst must be from 1 to 64, got 0."},
       {s + "idle_sleep_us: 1000001\n",
        "line 5: idle_sleep_us must be from 0 to 1000000, got 1000001."},
+      {s + "idle_yield_us: 1000001\n",
+       "line 5: idle_yield_us must be from 0 to 1000000, got 1000001."},
       {s + "heartbeat_ms: 5\n", "line 5: heartbeat_ms must be from 10 to 60000, got 5."},
       {s + "nack_rate: 100000001\n",
        "line 5: nack_rate must be from 0 to 100000000, got 100000001."},
@@ -482,12 +487,15 @@ TEST_F(ConfigArgs, FlagsOverrideTheFile) {
                          "--deterministic-allowed",
                          "false",
                          "--tx-drain-us",
-                         "50"});
+                         "50",
+                         "--idle-yield-us",
+                         "0"});
   ASSERT_TRUE(r.config.has_value()) << r.error;
   const SwitchConfig& c = *r.config;
   EXPECT_EQ(c.name, "b");  // the last one counts
   EXPECT_EQ(c.burst, 16u);
   EXPECT_EQ(c.idle_sleep_us, 0u);
+  EXPECT_EQ(c.idle_yield_us, 0u);
   EXPECT_EQ(c.metrics_listen, "");
   EXPECT_EQ(c.lcores, (std::vector<unsigned>{2, 3}));
   ASSERT_EQ(c.neighbors.size(), 2u);  // appended to the file's

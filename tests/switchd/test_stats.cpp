@@ -53,7 +53,7 @@ Snapshot sample_snapshot() {
   t.counters.events[static_cast<std::size_t>(Event::contrib_accepted)] = 400;
   t.counters.drops[static_cast<std::size_t>(DropReason::bad_key)] = 2;
   s.trees.push_back(t);
-  s.lcores.push_back({2, 1000, 20, 3});
+  s.lcores.push_back({2, 1000, 20, 3, 40});
   return s;
 }
 
@@ -160,6 +160,7 @@ TEST(RenderPrometheus, EachFamilyHasOneHelpAndOneType) {
       {"treeduce_lcore_polls_total", "counter"},
       {"treeduce_lcore_busy_polls_total", "counter"},
       {"treeduce_lcore_sleeps_total", "counter"},
+      {"treeduce_lcore_yields_total", "counter"},
   };
   std::size_t help_lines = 0;
   for (const std::string& l : lines_of(text)) help_lines += l.starts_with("# HELP ");
@@ -209,6 +210,7 @@ TEST(RenderPrometheus, ExactLines) {
           R"(treeduce_lcore_polls_total{switch="leaf1",lcore="2"} 1000)",
           R"(treeduce_lcore_busy_polls_total{switch="leaf1",lcore="2"} 20)",
           R"(treeduce_lcore_sleeps_total{switch="leaf1",lcore="2"} 3)",
+          R"(treeduce_lcore_yields_total{switch="leaf1",lcore="2"} 40)",
       }) {
     EXPECT_EQ(count_line(text, line), 1u) << line;
   }
@@ -291,7 +293,7 @@ TEST(RenderSummary, NonZeroCountersOnly) {
             "drop bad_key: 10\n"
             "daemon steered: 5\n"
             "tree 7 (demo): contrib_accepted 400, drop bad_key 2\n"
-            "lcore 2: polls 1000, busy_polls 20, sleeps 3\n");
+            "lcore 2: polls 1000, busy_polls 20, sleeps 3, yields 40\n");
   EXPECT_EQ(render_summary(Snapshot{}), "");
   Snapshot s;
   s.ports.push_back({"p", 0, 0, 0, 3, 999, 0, 0, 7, {}, ""});

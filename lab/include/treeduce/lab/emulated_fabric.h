@@ -62,6 +62,8 @@ struct FabricOptions {
   int lcores = 1;
   /// idle_sleep_us of the switches: they share the machine with the hosts.
   int idle_sleep_us = 200;
+  /// idle_yield_us of the switches: how long an idle lcore yields its CPU before it sleeps.
+  int idle_yield_us = 1000;
   /// A management network: a bridge in this namespace (198.18.255.1/24, RFC 2544's benchmarking
   /// range) with every host on it (198.18.255.10+h) through a second veth pair, so that the
   /// hosts' libtreeduce reaches the manager and host-side reduction has a network. The manager
