@@ -84,7 +84,7 @@ enum class XdpMode : int {
 };
 
 /// TransportOptions::busy_poll_us's default (docs/performance.md, "Issue 16: small messages").
-inline constexpr std::uint32_t kDefaultBusyPollUs = 0;
+inline constexpr std::uint32_t kDefaultBusyPollUs = 50;
 
 /// The transport and its tuning (TREEDUCE_TRANSPORT, TREEDUCE_UDP_*, TREEDUCE_DPDK_*,
 /// TREEDUCE_VERBS_*, TREEDUCE_XDP_*, TREEDUCE_LOCAL_MAC, TREEDUCE_LEAF_MAC in
