@@ -28,6 +28,7 @@
 #include "treeduce/aggregation/dtype.h"
 #include "treeduce/control/topology.h"
 #include "treeduce/lab/lab_cli.h"
+#include "treeduce/protocol/tree.h"
 
 namespace pb = treeduce::control::v1;
 using nlohmann::json;
@@ -112,7 +113,7 @@ struct DoctorArgs {
   std::string dtype = "f32";
   std::string op = "sum";
   std::string host;
-  std::uint32_t slots = 16;
+  std::uint32_t slots = 0;  ///< 0: libtreeduce's default for the payload
   std::uint32_t payload_bytes = 1024;
   bool deterministic = false;
   std::string leaf;  ///< the leaf's data address to ping ("" = the manager's leaves)
@@ -527,6 +528,7 @@ int doctor(const DoctorArgs& args, const std::string& manager) {
     return 2;
   }
   auto pow2 = [](std::uint32_t v) { return v && !(v & (v - 1)); };
+  if (a.slots == 0) a.slots = treeduce::proto::default_window(a.payload_bytes);
   if (!pow2(a.slots) || a.slots > 4096 || !pow2(a.payload_bytes) || a.payload_bytes < 256 ||
       a.payload_bytes > 8192) {
     std::cerr << "treeduce doctor: the window must be a power of two up to 4096 slots and the "
@@ -662,7 +664,11 @@ int main(int argc, char** argv) {
                    "lxor, minloc, maxloc")
       ->capture_default_str();
   doc_cmd->add_option("--host", da.host, "a rank's host (or $TREEDUCE_HOST)");
-  doc_cmd->add_option("--slots", da.slots, "window asked of the manager")->capture_default_str();
+  doc_cmd
+      ->add_option("--slots", da.slots,
+                   "window asked of the manager (0: libtreeduce's default for the payload, 64 "
+                   "slots at 1024 bytes)")
+      ->capture_default_str();
   doc_cmd->add_option("--payload", da.payload_bytes, "payload bytes per packet")
       ->capture_default_str();
   doc_cmd->add_flag("--deterministic", da.deterministic, "ask for deterministic mode");

@@ -219,9 +219,9 @@ class CommunicatorImpl final : public Communicator {
       jr.world_size = opt_.world_size;
       jr.host = opt_.host;
       jr.port = port();
-      jr.slots = opt_.slots;
       jr.payload_bytes =
           opt_.payload_bytes != 0 ? opt_.payload_bytes : payload_for_path(local_ip());
+      jr.slots = opt_.slots != 0 ? opt_.slots : proto::default_window(jr.payload_bytes);
       jr.deterministic = opt_.deterministic;
       jr.wait_ms = opt_.join_timeout_ms;
       const JoinOutcome o = manager_->join(jr);

@@ -445,8 +445,8 @@ treeduce::Status parse_environment(const EnvLookup& env, Options* out) {
     if (auto s = number(v, 0, 65535, &port); !s.ok()) return s;
     o.port = std::uint16_t(port);
   }
-  // The window and the packet payload asked of the manager (it may grant less); the payload must
-  // fit the path's MTU (docs/host.md).
+  // The window and the packet payload asked of the manager (it may lower the payload to what its
+  // switches hold); the payload must fit the path's MTU (docs/host.md).
   if (const Var v = first_of({"TREEDUCE_SLOTS"}); v.name) {
     std::uint64_t slots = 0;
     if (auto s = power_of_two(v, 1, 4096, &slots); !s.ok()) return s;

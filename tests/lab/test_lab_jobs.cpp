@@ -202,7 +202,8 @@ long expect_perf_exact(const std::string& out, const std::vector<std::string>& h
 
 TEST_F(LabJobs, TwoJobsShareALeafEachExactWithItsOwnTree) {
   const std::string n = name("s");
-  Result r = lab({"up", "--leaf", "4", "--name", n});
+  // Standard frames: 1 KiB payloads, for which libtreeduce's default window is 64 slots.
+  Result r = lab({"up", "--leaf", "4", "--name", n, "--mtu", "1500"});
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   const nlohmann::json st = state(n);
 
@@ -289,6 +290,9 @@ TEST_F(LabJobs, TwoJobsShareALeafEachExactWithItsOwnTree) {
     EXPECT_EQ(tree[1], jobs[j]);
     EXPECT_EQ(tree[5], "leaf0");
     payload_of[jobs[j]] = std::stol(tree[4]);
+    // No TREEDUCE_SLOTS: libtreeduce's window for the payload the MTU gives (docs/host.md).
+    EXPECT_EQ(payload_of[jobs[j]], 1024) << r.out;
+    EXPECT_EQ(tree[3], "64") << r.out;
   }
   EXPECT_EQ(trees.size(), 2u) << r.out;
   // The switch: one set of per-tree counters per job, each with its own job's work only. A

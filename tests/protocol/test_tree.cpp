@@ -74,6 +74,19 @@ TEST(Tree, EachRuleNamesItsFieldAndSaysWhy) {
   }
 }
 
+// libtreeduce's window when none is asked: 64 KiB of payload in flight, 16 to 64 slots, every
+// result one a switch takes.
+TEST(Tree, DefaultWindowHoldsSixtyFourKiBOfPayload) {
+  EXPECT_EQ(default_window(256), 64u);
+  EXPECT_EQ(default_window(512), 64u);
+  EXPECT_EQ(default_window(1024), 64u);
+  EXPECT_EQ(default_window(2048), 32u);
+  EXPECT_EQ(default_window(4096), 16u);
+  EXPECT_EQ(default_window(8192), 16u);
+  EXPECT_EQ(default_window(0), 64u);
+  for (std::uint32_t p = 256; p <= 8192; p *= 2) EXPECT_FALSE(check_slots(default_window(p)));
+}
+
 TEST(Tree, RoleNames) {
   EXPECT_EQ(name(Role::leaf), "leaf");
   EXPECT_EQ(name(Role::inner), "inner");

@@ -110,7 +110,7 @@ typedef struct tdr_options {
   const char* host;           /**< this host's name or data IPv4 address in the topology */
   const char* bind_address;   /**< local IPv4 of the UDP transport; NULL: from host */
   uint16_t port;              /**< UDP port for results; 0: 29000 + rank % 1000 */
-  uint32_t slots;             /**< window asked of the manager */
+  uint32_t slots;             /**< window asked of the manager; 0: from the payload */
   uint32_t payload_bytes;     /**< payload per packet asked of the manager; 0: from the MTU */
   int deterministic;          /**< non-zero: ask for bit-reproducible sums */
   tdr_path_t path;            /**< auto, network or host */

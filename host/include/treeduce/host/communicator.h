@@ -130,7 +130,9 @@ struct Options {
   std::string bind_address;  ///< local IPv4 for the UDP transport; "" = from `host` if IPv4
   std::uint16_t port = 0;    ///< UDP port for RESULTs; 0 = 29000 + rank % 1000 (below the
                              ///< kernel's ephemeral range, so no outgoing socket holds it)
-  std::uint32_t slots = 16;  ///< window asked of the manager
+  /// Window asked of the manager (it grants it or refuses the job); 0 = from the payload:
+  /// proto::default_window() (64 KiB of payload in flight, 16 to 64 slots: 64 at 1 KiB).
+  std::uint32_t slots = 0;
   /// Payload per packet asked of the manager; 0 = from the path: the largest power of two (256
   /// to 8192) whose datagram fits the MTU of the interface holding bind_address (or `host`),
   /// 1024 when that is unknown (1024 at MTU 1500, 8192 with jumbo frames of 8300).
