@@ -529,10 +529,13 @@ for k in kinds:
         td_s = sum(((r.get("iters") or 0) + (r.get("warmup") or 0))
                    * (get(r, "treeduce", "time_us") or 0) for r in sweeps.get(k, [])) / 1e6
         if cpu_s > 0 and td_s > 0:
+            share = (f"at most {100 * cpu_s / td_s:.0f}% of one CPU while treeduce ran"
+                     if cpu_s < td_s else
+                     "more CPU time than treeduce's allreduces lasted, so its share while they "
+                     "ran cannot be told from the rest")
             cpu_lines.append(f"{kind_name(k)}: the switch used {cpu_s:.2f} s of CPU while the "
-                             f"ranks ran, of which treeduce's allreduces took about {td_s:.2f} s "
-                             f"(the rest: the baselines, start-up): up to "
-                             f"{100 * min(cpu_s / td_s, 99):.0f}% of one CPU while treeduce ran "
+                             f"ranks ran, and treeduce's allreduces lasted about {td_s:.2f} s of "
+                             f"that run (the rest: the baselines, start-up): {share} "
                              f"({m.group(1)})")
 
 # ---- switch benchmark -------------------------------------------------------------------------

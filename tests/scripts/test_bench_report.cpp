@@ -122,6 +122,11 @@ TEST_F(BenchReport, EveryTargetVerdictFromItsFigures) {
         {row(kMiB, 200, 110, 100), row(4 * kMiB, 300, 400, 400), row(16 * kMiB, 2000, 1200, 900)});
   lines("b2b-dpdk.jsonl", {b2b_row(100, 160)});
   lines("b2b-udp.jsonl", {b2b_row(100, 140)});
+  // treeduce-fabric's line on the switches' CPU: treeduce's dpdk rows lasted 23 x 2130 us.
+  write("allreduce-dpdk.txt",
+        "      switch CPU while the ranks ran: leaf0 0.02 s (4% of one CPU)\n");
+  write("allreduce-udp.txt",
+        "      switch CPU while the ranks ran: leaf0 0.50 s (9% of one CPU)\n");
   // Defaults within 1.2x of the tuned settings at both MTUs, but 3 retransmissions at 8300.
   json retx = row(kMiB, 100, 100, 100);
   retx["treeduce"]["retransmits"] = 3;
@@ -189,6 +194,18 @@ TEST_F(BenchReport, EveryTargetVerdictFromItsFigures) {
   // Per row: a rank's CPU per MiB and the retransmissions; a plot per host kind.
   EXPECT_TRUE(fs::exists(dir_ + "/allreduce_af_xdp_f32_sum_speedup.png")) << report_;
   EXPECT_TRUE(has(report_, "| 16 MiB | 1600 (1440) | 10.5 | 0.0500 | 0 | network |")) << report_;
+  // The switch's CPU against the time treeduce's rows lasted, never more than all of it.
+  EXPECT_TRUE(has(report_,
+                  "the switch used 0.02 s of CPU while the ranks ran, and treeduce's allreduces "
+                  "lasted about 0.05 s of that run (the rest: the baselines, start-up): at most "
+                  "41% of one CPU while treeduce ran (leaf0 0.02 s (4% of one CPU))"))
+      << report_;
+  EXPECT_TRUE(has(report_,
+                  "the switch used 0.50 s of CPU while the ranks ran, and treeduce's allreduces "
+                  "lasted about 0.04 s of that run (the rest: the baselines, start-up): more CPU "
+                  "time than treeduce's allreduces lasted, so its share while they ran cannot be "
+                  "told from the rest"))
+      << report_;
 }
 
 TEST_F(BenchReport, MissingFiguresAreNotMeasuredAndUndisturbedRunsAreNeeded) {
