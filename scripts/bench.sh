@@ -522,8 +522,8 @@ for k in kinds:
                              "process CPU per allreduce: " + "; ".join(parts))
     # The switches' CPU time while the ranks ran (treeduce-fabric's line), against the time
     # treeduce's own allreduces took in that run (rows x (iterations + warm-up) x mean time).
-    m = re.search(r"switch CPU while the ranks ran: (.*)",
-                  read(f"allreduce-{k}.txt" if k else "allreduce.txt") or "")
+    fabric_text = read(f"allreduce-{k}.txt" if k else "allreduce.txt") or ""
+    m = re.search(r"switch CPU while the ranks ran: (.*)", fabric_text)
     if m:
         cpu_s = sum(float(x) for x in re.findall(r" ([0-9.]+) s \(", m.group(1)))
         td_s = sum(((r.get("iters") or 0) + (r.get("warmup") or 0))
@@ -537,6 +537,12 @@ for k in kinds:
                              f"ranks ran, and treeduce's allreduces lasted about {td_s:.2f} s of "
                              f"that run (the rest: the baselines, start-up): {share} "
                              f"({m.group(1)})")
+    # The machine's CPUs over the same run (every backend): the kernel's interrupt work for the
+    # packets is charged to no process, so the processes' CPU times above do not show it.
+    m = re.search(r"machine CPU while the ranks ran: (.*)", fabric_text)
+    if m:
+        cpu_lines.append(f"{kind_name(k)}: the machine's CPUs while the ranks ran (every "
+                         f"backend; interrupt work is no process's): {m.group(1)}")
 
 # ---- switch benchmark -------------------------------------------------------------------------
 switch_md = []

@@ -124,7 +124,9 @@ TEST_F(BenchReport, EveryTargetVerdictFromItsFigures) {
   lines("b2b-udp.jsonl", {b2b_row(100, 140)});
   // treeduce-fabric's line on the switches' CPU: treeduce's dpdk rows lasted 23 x 2130 us.
   write("allreduce-dpdk.txt",
-        "      switch CPU while the ranks ran: leaf0 0.02 s (4% of one CPU)\n");
+        "      switch CPU while the ranks ran: leaf0 0.02 s (4% of one CPU)\n"
+        "      machine CPU while the ranks ran: user 46%, system 26%, irq+softirq 25%, idle 3%, "
+        "steal 0%\n");
   write("allreduce-udp.txt",
         "      switch CPU while the ranks ran: leaf0 0.50 s (9% of one CPU)\n");
   // Defaults within 1.2x of the tuned settings at both MTUs, but 3 retransmissions at 8300.
@@ -199,6 +201,10 @@ TEST_F(BenchReport, EveryTargetVerdictFromItsFigures) {
                   "the switch used 0.02 s of CPU while the ranks ran, and treeduce's allreduces "
                   "lasted about 0.05 s of that run (the rest: the baselines, start-up): at most "
                   "41% of one CPU while treeduce ran (leaf0 0.02 s (4% of one CPU))"))
+      << report_;
+  EXPECT_TRUE(has(report_,
+                  "the machine's CPUs while the ranks ran (every backend; interrupt work is no "
+                  "process's): user 46%, system 26%, irq+softirq 25%, idle 3%, steal 0%"))
       << report_;
   EXPECT_TRUE(has(report_,
                   "the switch used 0.50 s of CPU while the ranks ran, and treeduce's allreduces "

@@ -115,6 +115,8 @@ TEST_F(BenchFabric, JumboUdpHostsWithGso) {
   expect_verified(rows(json_), 3 * 2, {"gloo"});
   // The switch's CPU time while the ranks ran, for scripts/bench.sh's report.
   EXPECT_NE(r.output.find("switch CPU while the ranks ran: leaf0 "), std::string::npos) << r.output;
+  // And the machine's, the kernel's interrupt work included.
+  EXPECT_NE(r.output.find("machine CPU while the ranks ran: user "), std::string::npos) << r.output;
 }
 
 // AF_XDP hosts: 8 KiB payloads in multi-buffer frames through one leaf beside Gloo's ring (the
