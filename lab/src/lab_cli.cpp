@@ -271,14 +271,23 @@ bool ours(const ProcRec& p) {
 /// Reaps `pid` if it is our child and has exited (during `up`, the lab's processes are).
 void reap_child(pid_t pid) { child_state(pid); }
 
-/// Starts argv detached from this process (its own session, stdin /dev/null, stdout and stderr
-/// to `log`): it outlives `lab up`.
+/// Starts argv detached from this process (a process group of its own, SIGHUP ignored, stdin
+/// /dev/null, stdout and stderr to `log`): it outlives `lab up` and the terminal.
+///
+/// It stays in the caller's session, hence in the caller's scheduling group: the kernel gives
+/// each session a group of its own (autogroup) and shares the CPUs between groups first. The
+/// ranks of `lab run` are in the caller's session; in a session of its own, a switch or the
+/// manager was a group against theirs, and on a busy 2-CPU machine ranks that spin in MPI while
+/// their other threads wake and sleep got both CPUs for up to 12 s while every other group got
+/// nothing: the manager answered no heartbeat, the switch forwarded nothing, leases lapsed
+/// (docs/lab.md, "A busy machine").
 ProcRec spawn_detached(const std::string& role, const std::string& name,
                        const std::vector<std::string>& argv, const std::string& log) {
   const pid_t pid = fork();
   if (pid < 0) throw Error("cannot fork: " + std::string(std::strerror(errno)) + ".");
   if (pid == 0) {
-    setsid();
+    setpgid(0, 0);            // Ctrl-C in the terminal does not reach it
+    signal(SIGHUP, SIG_IGN);  // nor the terminal's hangup
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     const int null = open("/dev/null", O_RDONLY);

@@ -87,6 +87,19 @@ TEST_F(LabCli, LeafOfFourUpStatusExecRunDown) {
   EXPECT_NE(r.out.find("lab '" + n + "' is up"), std::string::npos) << r.out;
   const nlohmann::json st = state(n);
   ASSERT_EQ(st["hosts"].size(), 4u);
+  // The switch and the manager stay in our session, so in the ranks' scheduling group (a session
+  // of their own was a group the ranks could starve: spawn_detached), each in a process group of
+  // its own and deaf to the terminal's hangup.
+  for (const auto& p : st["procs"]) {
+    const pid_t pid = p["pid"].get<int>();
+    EXPECT_EQ(getsid(pid), getsid(0)) << p["name"] << " is in a session of its own";
+    EXPECT_EQ(getpgid(pid), pid) << p["name"];
+    std::smatch m;
+    const std::string status = read_file("/proc/" + std::to_string(pid) + "/status");
+    ASSERT_TRUE(std::regex_search(status, m, std::regex(R"(SigIgn:\s*([0-9a-f]+))"))) << status;
+    EXPECT_EQ(std::stoull(m[1].str(), nullptr, 16) & (1ull << (SIGHUP - 1)), 1ull << (SIGHUP - 1))
+        << p["name"] << " does not ignore SIGHUP";
+  }
 
   // status: the switch alive and up at the manager, the hosts.
   r = lab({"status", "--name", n});
