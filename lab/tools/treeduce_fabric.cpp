@@ -191,8 +191,8 @@ int main(int argc, char** argv) {
                "udp hosts send with UDP GSO, segmented by their veth (default on)");
   app.add_option("--switch-ports", switch_ports,
                  "the leaves' ports to udp and af_xdp hosts' veths: af_packet (DPDK's "
-                 "net_af_packet) or af_xdp (net_af_xdp: an AF_XDP socket, MTU at most about 3300 "
-                 "without hugepages)")
+                 "net_af_packet) or af_xdp (net_af_xdp: an AF_XDP socket, MTU at most 3442 with "
+                 "4 KiB pages and no hugepages)")
       ->check(CLI::IsMember({"af_packet", "af_xdp"}))
       ->capture_default_str();
   app.add_flag("--memif-zero-copy", fo.host_memif_zero_copy,

@@ -41,7 +41,8 @@ struct FabricOptions {
   HostTransport host_transport = HostTransport::udp;
   /// The leaves' ports to the hosts' veths are net_af_xdp (an AF_XDP socket on the veth, native
   /// XDP in copy mode) instead of net_af_packet. Its UMEM frames are a page without hugepages,
-  /// so the MTU is at most about 3300 (the switch refuses a larger one, naming the limit).
+  /// so the MTU is at most 3442 with 4 KiB pages (the switch refuses a larger one, naming the
+  /// limit).
   bool switch_af_xdp = false;
   /// Kernel UDP hosts send with UDP GSO (TREEDUCE_UDP_GSO=1), their veth segmenting in software
   /// as a NIC with USO would in hardware. Ignored for the other transports.
