@@ -76,6 +76,7 @@
 #include <thread>
 #include <vector>
 
+#include "treeduce/common/cpu_time.h"
 #include "treeduce/dataplane/core.h"
 #include "treeduce/protocol/wire.h"
 
@@ -307,39 +308,11 @@ double thread_cpu_s() {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
-/// CPU time of a process (all its threads), seconds; from /proc (10 ms resolution).
-double process_cpu_s(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  std::getline(in, stat);
-  const std::size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::stringstream fields(stat.substr(close + 2));
-  std::string f;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && fields >> f; ++i) {
-    if (i == 14 || i == 15) ticks += std::strtod(f.c_str(), nullptr);  // utime, stime
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-/// Share of the machine's CPU time that was busy over `ms` (from /proc/stat).
+/// Share of the machine's CPU time that was busy over `ms`.
 double machine_busy(int ms) {
-  const auto sample = [] {
-    std::ifstream in("/proc/stat");
-    std::string cpu;
-    double v, total = 0, idle = 0;
-    in >> cpu;
-    for (int i = 0; i < 8 && in >> v; ++i) {
-      total += v;
-      if (i == 3 || i == 4) idle += v;  // idle, iowait
-    }
-    return std::pair{total, idle};
-  };
-  const auto [t0, i0] = sample();
+  const MachineCpu a = MachineCpu::now();
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-  const auto [t1, i1] = sample();
-  return t1 > t0 ? 1 - (i1 - i0) / (t1 - t0) : 0;
+  return busy_share(a, MachineCpu::now());
 }
 
 /// Waits (up to `max_s` seconds) until the machine is quiet: our own processes are idle between
@@ -762,12 +735,12 @@ struct Bench {
     std::thread s0;
     if (metrics_port != 0) s0 = std::thread([&] { m0 = http_metrics(metrics_port); });
     const GenCounters a = gen->counters();
-    const double gen_cpu0 = thread_cpu_s(), dut_cpu0 = process_cpu_s(c.pid);
+    const double gen_cpu0 = thread_cpu_s(), dut_cpu0 = process_cpu_seconds(c.pid);
     const auto ta = Clock::now();
     gen->run(mode, ta + std::chrono::milliseconds(o.measure_ms));
     const GenCounters b = gen->counters();
     const auto tb = Clock::now();
-    const double gen_cpu1 = thread_cpu_s(), dut_cpu1 = process_cpu_s(c.pid);
+    const double gen_cpu1 = thread_cpu_s(), dut_cpu1 = process_cpu_seconds(c.pid);
     if (s0.joinable()) s0.join();
     if (metrics_port != 0) m1 = http_metrics(metrics_port);
     const bool drained = gen->drain();

@@ -21,12 +21,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "treeduce/common/cpu_time.h"
 #include "treeduce/lab/emulated_fabric.h"
 
 namespace {
@@ -35,42 +34,6 @@ using namespace treeduce::lab;
 
 std::atomic<bool> g_interrupted{false};
 void on_signal(int) { g_interrupted = true; }
-
-// CPU time of a running process, every thread, user and system (seconds); -1 when unreadable.
-double process_cpu_s(pid_t pid) {
-  clockid_t clock;
-  timespec ts{};
-  if (clock_getcpuclockid(pid, &clock) != 0 || clock_gettime(clock, &ts) != 0) return -1;
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-// The machine's CPU time by kind since boot, in clock ticks (/proc/stat's first line: user, nice,
-// system, idle, iowait, irq, softirq, steal); empty when unreadable.
-std::vector<unsigned long long> machine_cpu_ticks() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  std::vector<unsigned long long> v(8);
-  if (!(in >> cpu) || cpu != "cpu") return {};
-  for (auto& x : v) {
-    if (!(in >> x)) return {};
-  }
-  return v;
-}
-
-// "user 46%, system 26%, irq+softirq 25%, idle 3%, steal 0%" between two machine_cpu_ticks(): the
-// kernel's softirq work (veth, af_packet, XDP) is charged to no process, so the processes' own CPU
-// times do not show it. Empty when either is.
-std::string machine_cpu_text(const std::vector<unsigned long long>& a,
-                             const std::vector<unsigned long long>& b) {
-  if (a.size() != 8 || b.size() != 8) return "";
-  unsigned long long d[8], total = 0;
-  for (int i = 0; i < 8; ++i) total += d[i] = b[i] >= a[i] ? b[i] - a[i] : 0;
-  if (total == 0) return "";
-  auto pct = [&](unsigned long long x) { return static_cast<int>(100.0 * x / total + 0.5); };
-  return "user " + std::to_string(pct(d[0] + d[1])) + "%, system " + std::to_string(pct(d[2])) +
-         "%, irq+softirq " + std::to_string(pct(d[5] + d[6])) + "%, idle " +
-         std::to_string(pct(d[3] + d[4])) + "%, steal " + std::to_string(pct(d[7])) + "%";
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -329,8 +292,9 @@ int main(int argc, char** argv) {
         compare.empty() ? "" : " side by side with ", compare.c_str());
     t = std::chrono::steady_clock::now();
     std::vector<double> switch_cpu;  // each switch's CPU time when the ranks start
-    for (const Proc* sw : fab.switches()) switch_cpu.push_back(process_cpu_s(sw->pid));
-    const std::vector<unsigned long long> machine_cpu = machine_cpu_ticks();
+    for (const Proc* sw : fab.switches())
+      switch_cpu.push_back(treeduce::process_cpu_seconds(sw->pid));
+    const treeduce::MachineCpu machine_cpu = treeduce::MachineCpu::now();
     // ranks[0]'s log has rank 0's table: its own, or mpirun's (all ranks' output merged).
     std::vector<Proc*> ranks;
     if (mpi) {
@@ -381,7 +345,7 @@ int main(int argc, char** argv) {
     const double ran = seconds_since(t);
     std::string cpu;
     for (std::size_t i = 0; i < fab.switches().size() && i < switch_cpu.size(); ++i) {
-      const double now = process_cpu_s(fab.switches()[i]->pid);
+      const double now = treeduce::process_cpu_seconds(fab.switches()[i]->pid);
       if (now < 0 || switch_cpu[i] < 0) continue;
       char one[128];
       std::snprintf(one, sizeof one, "%s%s %.2f s (%.0f%% of one CPU)", cpu.empty() ? "" : ", ",
@@ -390,7 +354,8 @@ int main(int argc, char** argv) {
       cpu += one;
     }
     if (!cpu.empty()) std::printf("      switch CPU while the ranks ran: %s\n", cpu.c_str());
-    if (const std::string m = machine_cpu_text(machine_cpu, machine_cpu_ticks()); !m.empty())
+    if (const std::string m = treeduce::cpu_split_text(machine_cpu, treeduce::MachineCpu::now());
+        !m.empty())
       std::printf("      machine CPU while the ranks ran: %s\n", m.c_str());
     std::printf("[3/3] teardown (%.1f s of allreduce)\n", ran);
     const std::vector<int> status = fab.stop();
