@@ -124,6 +124,21 @@ std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t 
       out[n++] = make_packet(s);
       ++stats_.sent;
     } else if (s.deadline <= now) {
+      // Waiting its turn: RESULTs of chunks sent once came since this chunk's timer started, and
+      // none of a chunk later in the stream. Each rank sends its chunks in stream order over links
+      // that keep order, so a switch completes them in that order: the stream moves, and this chunk
+      // is queued behind the ones being answered (a slow rank or switch delays every chunk alike).
+      // A lost contribution or RESULT shows otherwise: a later chunk answered first, or no
+      // RESULT at all for a whole timeout (then the rules below). Its timer starts again, as
+      // often as RESULTs keep coming, which is at most once per chunk before it in the window.
+      if (last_result_at_ != kNoTime && last_result_at_ > s.deadline - s.rto &&
+          !answered_after(s.chunk)) {
+        ++stats_.held;
+        s.held = true;
+        s.deadline = now + s.rto;
+        soonest = std::min(soonest, s.deadline);
+        continue;
+      }
       // Adaptive timer: while a retransmitted chunk (the probe) has had no RESULT come back, and
       // no other RESULT came since it went, the stream looks stalled, not lossy: another chunk
       // whose timer runs out waits one more timeout, once, instead of going again too (a
@@ -209,7 +224,12 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
   }
   std::memcpy(c.recv + first * dtype_size(c.dtype), payload, len);
   probe_active_ = false;  // a RESULT came: the stream moves
-  if (now != kNoTime) take_sample(s, now);
+  if (now != kNoTime) {
+    // Only a chunk sent once says that the stream moves in order; one sent again was a loss (or
+    // a stall) being repaired.
+    if (s.retries == 0) last_result_at_ = now;
+    take_sample(s, now);
+  }
   s.active = false;
   ++stats_.results;
   ++c.completed;
@@ -236,18 +256,20 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
 //   contribution), or was reordered. Learning that wait would feed the ranks' timeouts into each
 //   other and climb to the ceiling under loss; a rank that is only slow (descheduled, queued)
 //   delays every chunk alike and in order, and those samples stay in.
+// - A chunk whose timer ran out and was held (waiting its turn) or deferred (a stalled stream):
+//   its wait outlasted the timeout, and may hold another rank's loss recovery (the last chunk
+//   of a stream, which nothing can overtake, waits so for a lost contribution of another rank).
 // A sample includes the skew between ranks: a RESULT waits for the slowest rank's contribution,
 // so a chunk this rank sent early measures its wait for the others too, which is what its timer
 // must allow for.
 void ProtocolEngine::take_sample(const SlotState& s, std::uint64_t now) {
   // First transmissions go out in stream order, so "sent later" is "later in the stream".
-  const bool overtaken =
-      answered_any_ && static_cast<std::int32_t>(newest_answered_ - s.chunk) > 0;  // serial
+  const bool overtaken = answered_after(s.chunk);
   if (!answered_any_ || static_cast<std::int32_t>(s.chunk - newest_answered_) > 0) {
     newest_answered_ = s.chunk;
   }
   answered_any_ = true;
-  if (!cfg_.adaptive_rto || overtaken || s.deferred || now < s.sent_at) return;
+  if (!cfg_.adaptive_rto || overtaken || s.deferred || s.held || now < s.sent_at) return;
   if (s.retries != 0) {
     const bool needless = s.retries == 1 && rto_est_.samples() != 0 && now >= s.retx_at &&
                           now - s.retx_at < rto_est_.min_ns() / 2;
@@ -256,6 +278,10 @@ void ProtocolEngine::take_sample(const SlotState& s, std::uint64_t now) {
   }
   rto_est_.sample(now - s.sent_at, now);
   ++stats_.rto_samples;
+}
+
+bool ProtocolEngine::answered_after(std::uint32_t chunk) const noexcept {
+  return answered_any_ && static_cast<std::int32_t>(newest_answered_ - chunk) > 0;  // serial
 }
 
 std::uint64_t ProtocolEngine::next_deadline() const noexcept {

@@ -280,6 +280,81 @@ TEST(ProtocolEngine, ResultsAreChecked) {
             Status::running);
 }
 
+// A timeout with the fixed timer and with the adaptive one (its timeout held at 1000 here).
+EngineConfig timer_cfg(bool adaptive) {
+  EngineConfig c = cfg();
+  c.slots = 4;
+  c.adaptive_rto = adaptive;
+  c.rto.initial_ns = c.rto.floor_ns = c.rto.ceiling_ns = 1000;
+  return c;
+}
+
+void answer(ProtocolEngine& e, const OutPacket& p, std::uint64_t now) {
+  e.on_packet(result_for(p), p.payload, p.payload_len, now);
+}
+
+// A chunk whose timer runs out while RESULTs of the chunks before it keep coming, in order, is
+// queued behind them (a slow rank or switch), not lost: its timer starts again and nothing is
+// sent, as often as RESULTs keep coming.
+TEST(ProtocolEngine, AChunkWaitingItsTurnIsNotRetransmitted) {
+  for (const bool adaptive : {false, true}) {
+    ProtocolEngine e(timer_cfg(adaptive));
+    std::vector<float> in(64 * 4), out(in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i);
+    ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum),
+              Status::running);
+    OutPacket p[8], q[8];
+    ASSERT_EQ(e.poll(0, p, 8), 4u);  // chunks 0-3, timers at 1000
+    answer(e, p[0], 900);
+    EXPECT_EQ(e.poll(1000, q, 8), 0u) << "adaptive " << adaptive;
+    EXPECT_EQ(e.stats().held, 3u);
+    EXPECT_EQ(e.next_deadline(), 2000u);
+    answer(e, p[1], 1500);
+    EXPECT_EQ(e.poll(2000, q, 8), 0u);
+    EXPECT_EQ(e.stats().held, 5u);
+    answer(e, p[2], 2500);
+    EXPECT_EQ(e.poll(3000, q, 8), 0u);
+    answer(e, p[3], 3100);
+    EXPECT_EQ(e.status(), Status::done);
+    EXPECT_EQ(e.stats().retransmits, 0u);
+    EXPECT_EQ(out, in);
+  }
+}
+
+// A chunk later in the stream answered first says this one (or its RESULT) was lost: it goes
+// again at its timeout, while the chunks after it that still wait their turn are held.
+TEST(ProtocolEngine, ALaterChunkAnsweredFirstMeansALoss) {
+  for (const bool adaptive : {false, true}) {
+    ProtocolEngine e(timer_cfg(adaptive));
+    std::vector<float> in(64 * 4), out(in.size());
+    ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum),
+              Status::running);
+    OutPacket p[8], q[8];
+    ASSERT_EQ(e.poll(0, p, 8), 4u);
+    answer(e, p[1], 500);
+    ASSERT_EQ(e.poll(1000, q, 8), 1u) << "adaptive " << adaptive;
+    EXPECT_EQ(q[0].td.chunk.get(), 0u);
+    EXPECT_EQ(e.stats().retransmits, 1u);
+    EXPECT_EQ(e.stats().held, 2u);  // chunks 2 and 3
+  }
+}
+
+// Only RESULTs of chunks sent once say that the stream moves: one for a retransmitted chunk is a
+// repair, and the chunks still unanswered go again at their timeout (fixed timer: no stall rule).
+TEST(ProtocolEngine, ARepairedChunksResultHoldsNoOne) {
+  ProtocolEngine e(timer_cfg(false));
+  std::vector<float> in(64 * 2), out(in.size());
+  ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
+  OutPacket p[8], q[8];
+  ASSERT_EQ(e.poll(0, p, 8), 2u);
+  ASSERT_EQ(e.poll(1000, q, 8), 2u);  // no RESULT at all: both go again, timers at 3000
+  answer(e, p[0], 1100);
+  ASSERT_EQ(e.poll(3000, q, 8), 1u);
+  EXPECT_EQ(q[0].td.chunk.get(), 1u);
+  EXPECT_EQ(e.stats().held, 0u);
+  EXPECT_EQ(e.stats().retransmits, 3u);
+}
+
 TEST(ProtocolEngine, InvalidStarts) {
   EngineConfig c = cfg();
   std::vector<float> b(4);

@@ -1,6 +1,6 @@
 // The adaptive retransmission timeout on a fake clock: samples -> timeout, floor and ceiling,
 // the peak's memory; and in the engine: Karn's rule, needless retransmissions, overtaken chunks,
-// backoff, and a lossless run whose results come late that never retransmits.
+// backoff, and lossless runs whose results come late that never retransmit.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -243,6 +243,50 @@ TEST(AdaptiveRto, LatenessInOrderNeverRetransmits) {
   }
   EXPECT_EQ(e.status(), Status::done);
   EXPECT_EQ(e.stats().retransmits, 0u);
+  EXPECT_EQ(out, in);
+}
+
+// A slowdown in order beyond anything the timer has seen: the switch (or the slowest rank) goes
+// from 200 us to 1.5 ms per chunk, so a chunk waits 24 ms behind the 15 before it, against the
+// 3.2 ms the timer learned. RESULTs keep coming in order, one every 1.5 ms, sooner than any
+// timeout (2 ms at the least), so no chunk is taken for lost: each timeout finds its chunk waiting
+// its turn and starts again (EngineStats::held); none is retransmitted. Held chunks give no
+// sample, so the timer does not learn the wait, and need not.
+TEST(AdaptiveRto, ASlowdownInOrderNeverRetransmits) {
+  EngineConfig c = ecfg();
+  c.slots = 16;
+  c.rto.initial_ns = 10'000'000;
+  c.rto.floor_ns = 2'000'000;
+  c.rto.ceiling_ns = 32'000'000;
+  c.rto.peak_window_ns = 1'000'000'000;
+  ProtocolEngine e(c);
+  std::vector<float> in(64 * 2048), out(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 1000);
+  ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
+  std::vector<std::pair<OutPacket, std::uint64_t>> q;  // sent, answered at
+  std::uint64_t now = 0, served = 0;
+  OutPacket out_p[64];
+  while (e.status() == Status::running) {
+    const std::size_t n = e.poll(now, out_p, 64);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t service = served + i < 1024 ? 200'000 : 1'500'000;
+      const std::uint64_t base = q.empty() ? now : std::max(now, q.back().second);
+      q.push_back({out_p[i], base + service});
+    }
+    served += n;
+    ASSERT_FALSE(q.empty());
+    // Timers that run out before the next RESULT are polled at their time.
+    if (const std::uint64_t d = e.next_deadline(); d < q.front().second) {
+      now = std::max(now, d);
+      continue;
+    }
+    now = std::max(now, q.front().second);
+    answer(e, q.front().first, now);
+    q.erase(q.begin());
+  }
+  EXPECT_EQ(e.status(), Status::done);
+  EXPECT_EQ(e.stats().retransmits, 0u);
+  EXPECT_GT(e.stats().held, 0u);  // the timers did run out
   EXPECT_EQ(out, in);
 }
 

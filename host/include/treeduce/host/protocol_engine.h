@@ -67,6 +67,9 @@ struct EngineStats {
   std::uint64_t rto_samples = 0;
   /// Retransmissions found needless (their RESULT came back sooner than a round trip).
   std::uint64_t spurious = 0;
+  /// Timeouts that found the chunk waiting its turn (RESULTs of earlier chunks sent once came
+  /// since its timer started, none of a later chunk): its timer started again, nothing was sent.
+  std::uint64_t held = 0;
 };
 
 class ProtocolEngine {
@@ -136,6 +139,7 @@ class ProtocolEngine {
     std::uint64_t sent_at = 0;
     std::uint64_t retx_at = 0;
     bool deferred = false;  // its timer ran out once while the stream was stalled
+    bool held = false;      // its timer ran out while it waited its turn
   };
   // One queued collective; colls_ holds them in stream order, the oldest incomplete first.
   struct Coll {
@@ -155,6 +159,8 @@ class ProtocolEngine {
   const Coll* coll_of(std::uint32_t seq) const noexcept;
   void finish(Status st);
   void take_sample(const SlotState& s, std::uint64_t now);
+  /// Whether a chunk later in the stream than `chunk` has had its RESULT.
+  bool answered_after(std::uint32_t chunk) const noexcept;
 
   EngineConfig cfg_;
   std::uint32_t slot_mask_;
@@ -171,6 +177,7 @@ class ProtocolEngine {
   RtoEstimator rto_est_;
   std::uint32_t newest_answered_ = 0;  // stream position of the latest chunk whose RESULT came
   bool answered_any_ = false;
+  std::uint64_t last_result_at_ = kNoTime;  // the last RESULT of a chunk sent once came then
   // The adaptive timer's probe: the last chunk retransmitted, until any RESULT comes.
   bool probe_active_ = false;
   std::uint32_t probe_chunk_ = 0;
