@@ -409,6 +409,12 @@ class Sweep {
       exact::store(d, send_.data(), i, in.element(rank, i));
       if (cfg_.check) exact::store(d, want_.data(), i, in.expected(i));
     }
+    // A barrier, outside the row's times and counts: the ranks build a row's inputs in different
+    // times (4 ranks on 2 CPUs build them two after two), and a rank that starts the row first
+    // would time out waiting for the last one, in the row's first operation (docs/host.md,
+    // section 7). A failure here is the row's own operations' too, and reported by them.
+    std::int32_t one = 1, ranks = 0;
+    (void)comm_.allreduce(&one, &ranks, 1, DType::i32, ReduceOp::sum);
     std::vector<Outcome> outs;
     const host::Stats before = comm_.stats();
     if (cfg_.back_to_back > 0) {

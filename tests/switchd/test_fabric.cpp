@@ -756,7 +756,9 @@ TEST(Fabric, LibraryRanksReduceInTheNetwork) {
     EXPECT_EQ(perf_account(log), std::make_pair(0, 0LL)) << log;
     EXPECT_EQ(log.find("falls back"), std::string::npos) << log;
   }
-  EXPECT_NE(Lab::read_log(*ranks[0]).find("# verified: 0 wrong elements, 108 ops in the network, 0 "
+  // 36 rows (2 sizes x 6 types x 3 operations), each the barrier (i32 sum), 2 allreduces and the
+  // sum of the wrong counts.
+  EXPECT_NE(Lab::read_log(*ranks[0]).find("# verified: 0 wrong elements, 144 ops in the network, 0 "
                                           "on the hosts"),
             std::string::npos)
       << Lab::read_log(*ranks[0]);
@@ -783,9 +785,10 @@ TEST(Fabric, LibraryRanksReduceEveryTypeAndOperation) {
     EXPECT_EQ(perf_account(log), std::make_pair(0, 0LL)) << log;
     EXPECT_EQ(log.find("falls back"), std::string::npos) << log;
   }
-  // 110 rows, each one allreduce and the one that sums the wrong counts (i32 sum).
+  // 110 rows, each the barrier (i32 sum), one allreduce and the one that sums the wrong counts
+  // (i32 sum).
   const std::string log = Lab::read_log(*ranks[0]);
-  EXPECT_NE(log.find("# verified: 0 wrong elements, 220 ops in the network, 0 on the hosts"),
+  EXPECT_NE(log.find("# verified: 0 wrong elements, 330 ops in the network, 0 on the hosts"),
             std::string::npos)
       << log;
   EXPECT_NE(log.find("# gloo: verified: 0 wrong elements, 0 failed operations"), std::string::npos)
