@@ -26,8 +26,8 @@
 # back to back 2 iterations, tuning runs 5, one short switch benchmark round). --reps: the switch
 # benchmark's undisturbed runs per row (default 3). --no-back-to-back, --no-tuning, --no-switchd
 # leave those stages out (their targets then say NOT MEASURED). --hosts: how treeduce's ranks reach
-# the switch, a comma list of dpdk (libtreeduce's DPDK transport on memif in zero-copy mode:
-# kernel bypass; leaf only), udp (kernel UDP sockets on veth pairs to the switch's af_packet ports, with UDP GSO) and
+# the switch, a comma list of dpdk (libtreeduce's DPDK transport on memif: kernel bypass; leaf
+# only), udp (kernel UDP sockets on veth pairs to the switch's af_packet ports, with UDP GSO) and
 # af_xdp (libtreeduce's AF_XDP transport on the same veths); all (the default) = dpdk,udp,af_xdp on
 # a leaf, udp,af_xdp on two levels. Gloo and MPI always use kernel TCP on the hosts' management
 # network (veth pairs on a Linux bridge). The fabric runs with jumbo frames (MTU 8300, 8 KiB
