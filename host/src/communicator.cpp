@@ -42,8 +42,9 @@ namespace {
 // 32 ms); TREEDUCE_RTO_US fixes it instead. The backoff doubles it up to 128 ms. A chunk that
 // gets no answer is sent 1 + max_retries times (80 by default: over 2 + (4 + ... + 128) +
 // 74 x 128 = 9726 ms with the first timeout at the 2 ms floor, to 32 + 64 + 79 x 128 = 10208 ms
-// at the 32 ms ceiling): a dead switch fails the operation (or starts the fallback) 9.7 to
-// 10.2 s after its last answer (docs/host.md, "Failures"; silence_ms() in network_loop.h).
+// at the 32 ms ceiling, and one timeout more, at most 64 ms, when the stall rule deferred the
+// chunk): a dead switch fails the operation (or starts the fallback) 9.7 to 10.3 s after its
+// last answer (docs/host.md, "Time bounds"; silence_ms() in network_loop.h).
 constexpr std::uint64_t kRtoMaxNs = 128'000'000;
 
 bool is_ipv4(const std::string& s) {

@@ -124,18 +124,20 @@ std::size_t ProtocolEngine::poll(std::uint64_t now, OutPacket* out, std::size_t 
       out[n++] = make_packet(s);
       ++stats_.sent;
     } else if (s.deadline <= now) {
-      // Waiting its turn: RESULTs of chunks sent once came since this chunk's timer started, and
-      // none of a chunk later in the stream. Each rank sends its chunks in stream order over links
-      // that keep order, so a switch completes them in that order: the stream moves, and this chunk
-      // is queued behind the ones being answered (a slow rank or switch delays every chunk alike).
-      // A lost contribution or RESULT shows otherwise: a later chunk answered first, or no
-      // RESULT at all for a whole timeout (then the rules below). Its timer starts again, as
-      // often as RESULTs keep coming, which is at most once per chunk before it in the window.
+      // Waiting its turn: a RESULT of a chunk sent once came since this chunk's timer started,
+      // and none of a chunk later in the stream. Each rank sends its chunks in stream order over
+      // links that keep order, so a switch completes them in that order: the stream moves, and
+      // this chunk is queued behind the ones being answered (a slow rank or switch delays every
+      // chunk alike). A lost contribution or RESULT shows otherwise: a later chunk answered
+      // first, or no RESULT for a whole timeout (then the rules below). Its timer starts again
+      // from that last RESULT, when its turn came: a chunk lost at the tail of the stream goes
+      // again one timeout after the last RESULT before it, not a timeout after this poll; and
+      // only a newer RESULT can hold it again, at most once per chunk ahead of it.
       if (last_result_at_ != kNoTime && last_result_at_ > s.deadline - s.rto &&
-          !answered_after(s.chunk)) {
+          last_result_at_ + s.rto > now && !answered_after(s.chunk)) {
         ++stats_.held;
         s.held = true;
-        s.deadline = now + s.rto;
+        s.deadline = last_result_at_ + s.rto;
         soonest = std::min(soonest, s.deadline);
         continue;
       }
@@ -224,11 +226,17 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
   }
   std::memcpy(c.recv + first * dtype_size(c.dtype), payload, len);
   probe_active_ = false;  // a RESULT came: the stream moves
+  // First transmissions go out in stream order, so "sent later" is "later in the stream".
+  const bool overtaken = answered_after(chunk);
+  if (!answered_any_ || static_cast<std::int32_t>(chunk - newest_answered_) > 0) {
+    newest_answered_ = chunk;
+  }
+  answered_any_ = true;
   if (now != kNoTime) {
-    // Only a chunk sent once says that the stream moves in order; one sent again was a loss (or
-    // a stall) being repaired.
+    // Only a chunk this rank sent once says that the stream moves in order; one it sent again
+    // was a loss (or a stall) being repaired.
     if (s.retries == 0) last_result_at_ = now;
-    take_sample(s, now);
+    take_sample(s, now, overtaken);
   }
   s.active = false;
   ++stats_.results;
@@ -262,13 +270,7 @@ void ProtocolEngine::on_packet(const proto::TdHdr& td, const std::uint8_t* paylo
 // A sample includes the skew between ranks: a RESULT waits for the slowest rank's contribution,
 // so a chunk this rank sent early measures its wait for the others too, which is what its timer
 // must allow for.
-void ProtocolEngine::take_sample(const SlotState& s, std::uint64_t now) {
-  // First transmissions go out in stream order, so "sent later" is "later in the stream".
-  const bool overtaken = answered_after(s.chunk);
-  if (!answered_any_ || static_cast<std::int32_t>(s.chunk - newest_answered_) > 0) {
-    newest_answered_ = s.chunk;
-  }
-  answered_any_ = true;
+void ProtocolEngine::take_sample(const SlotState& s, std::uint64_t now, bool overtaken) {
   if (!cfg_.adaptive_rto || overtaken || s.deferred || s.held || now < s.sent_at) return;
   if (s.retries != 0) {
     const bool needless = s.retries == 1 && rto_est_.samples() != 0 && now >= s.retx_at &&

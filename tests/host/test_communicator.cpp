@@ -574,7 +574,7 @@ TEST(Communicator, RecoversFromLoss) {
 // --- Failures and fallback ----------------------------------------------------------------------
 
 // The dead-switch tests below allow 30 retransmissions (3.3 to 3.8 s of silence) instead of the
-// default 80 (9.7 to 10.2 s): what they check does not depend on the number.
+// default 80 (9.7 to 10.3 s): what they check does not depend on the number.
 constexpr std::uint32_t kDeadRetries = 30;
 
 // Path::network: a switch that dies mid-operation gives timeout once a chunk has used up its

@@ -308,12 +308,14 @@ TEST(ProtocolEngine, AChunkWaitingItsTurnIsNotRetransmitted) {
     answer(e, p[0], 900);
     EXPECT_EQ(e.poll(1000, q, 8), 0u) << "adaptive " << adaptive;
     EXPECT_EQ(e.stats().held, 3u);
-    EXPECT_EQ(e.next_deadline(), 2000u);
+    EXPECT_EQ(e.next_deadline(), 1900u);  // a timeout from the RESULT that held them
     answer(e, p[1], 1500);
-    EXPECT_EQ(e.poll(2000, q, 8), 0u);
+    EXPECT_EQ(e.poll(1900, q, 8), 0u);
     EXPECT_EQ(e.stats().held, 5u);
-    answer(e, p[2], 2500);
-    EXPECT_EQ(e.poll(3000, q, 8), 0u);
+    EXPECT_EQ(e.next_deadline(), 2500u);
+    answer(e, p[2], 2400);
+    EXPECT_EQ(e.poll(2500, q, 8), 0u);
+    EXPECT_EQ(e.stats().held, 6u);
     answer(e, p[3], 3100);
     EXPECT_EQ(e.status(), Status::done);
     EXPECT_EQ(e.stats().retransmits, 0u);
@@ -337,6 +339,44 @@ TEST(ProtocolEngine, ALaterChunkAnsweredFirstMeansALoss) {
     EXPECT_EQ(e.stats().retransmits, 1u);
     EXPECT_EQ(e.stats().held, 2u);  // chunks 2 and 3
   }
+}
+
+// The last chunk lost (its contribution, or its RESULT to this rank): the RESULTs before it came
+// at 40, so it goes again one timeout after them, at 1040, not a timeout after the poll that
+// found it waiting.
+TEST(ProtocolEngine, ALostLastChunkGoesOneTimeoutAfterTheResultsBeforeIt) {
+  for (const bool adaptive : {false, true}) {
+    ProtocolEngine e(timer_cfg(adaptive));
+    std::vector<float> in(64 * 4), out(in.size());
+    ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum),
+              Status::running);
+    OutPacket p[8], q[8];
+    ASSERT_EQ(e.poll(0, p, 8), 4u);
+    for (int i = 0; i < 3; ++i) answer(e, p[i], 40);
+    EXPECT_EQ(e.poll(1000, q, 8), 0u) << "adaptive " << adaptive;
+    EXPECT_EQ(e.next_deadline(), 1040u);
+    ASSERT_EQ(e.poll(1040, q, 8), 1u);
+    EXPECT_EQ(q[0].td.chunk.get(), 3u);
+    EXPECT_EQ(e.stats().held, 1u);
+    EXPECT_EQ(e.stats().retransmits, 1u);
+  }
+}
+
+// One RESULT holds a chunk once, also when it is read after the time poll() runs at (the
+// network loop reads its clock, then drains what is queued, then polls): the next timeout needs
+// a newer RESULT to be held again.
+TEST(ProtocolEngine, OneResultHoldsAChunkOnce) {
+  ProtocolEngine e(timer_cfg(false));
+  std::vector<float> in(64 * 2), out(in.size());
+  ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
+  OutPacket p[8], q[8];
+  ASSERT_EQ(e.poll(0, p, 8), 2u);
+  answer(e, p[0], 1005);
+  EXPECT_EQ(e.poll(1000, q, 8), 0u);
+  EXPECT_EQ(e.next_deadline(), 2005u);
+  ASSERT_EQ(e.poll(2005, q, 8), 1u);
+  EXPECT_EQ(q[0].td.chunk.get(), 1u);
+  EXPECT_EQ(e.stats().held, 1u);
 }
 
 // Only RESULTs of chunks sent once say that the stream moves: one for a retransmitted chunk is a

@@ -202,7 +202,7 @@ TEST_F(LabTorch, Fp8OnASwitchWithoutFp8GoesToTheHostsLoudlyAndExactly) {
 // A rank SIGKILLs itself at step 3. The ranks run under `lab exec` with the variables `lab run`
 // gives (`lab run` would stop the others at once, as torchrun does), so that each survivor shows
 // what it gets: an error from its collective, and an exit of its own. On the network path a
-// dead rank is a chunk that gets no result: 9.7 to 10.2 s.
+// dead rank is a chunk that gets no result: 9.7 to 10.3 s.
 TEST_F(LabTorch, RankKilledMidTrainingEveryOtherRankGetsAnError) {
   const Outcome env = lab({"run", "--name", name_, "--", "env"});
   ASSERT_EQ(env.status, 0) << env.out;

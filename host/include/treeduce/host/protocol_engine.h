@@ -104,7 +104,8 @@ class ProtocolEngine {
   /// Time unknown: on_packet() takes no latency sample.
   static constexpr std::uint64_t kNoTime = ~std::uint64_t{0};
   /// A received treeduce packet (header as on the wire, payload after it), received at `now`
-  /// (the clock of poll(); kNoTime: no latency sample for the adaptive timer).
+  /// (the clock of poll(); kNoTime: no latency sample for the adaptive timer, and a RESULT that
+  /// holds no chunk waiting its turn).
   void on_packet(const proto::TdHdr& td, const std::uint8_t* payload, std::size_t len,
                  std::uint64_t now = kNoTime);
 
@@ -158,7 +159,7 @@ class ProtocolEngine {
   OutPacket make_packet(const SlotState& s) const;
   const Coll* coll_of(std::uint32_t seq) const noexcept;
   void finish(Status st);
-  void take_sample(const SlotState& s, std::uint64_t now);
+  void take_sample(const SlotState& s, std::uint64_t now, bool overtaken);
   /// Whether a chunk later in the stream than `chunk` has had its RESULT.
   bool answered_after(std::uint32_t chunk) const noexcept;
 
