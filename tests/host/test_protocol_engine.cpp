@@ -293,6 +293,10 @@ void answer(ProtocolEngine& e, const OutPacket& p, std::uint64_t now) {
   e.on_packet(result_for(p), p.payload, p.payload_len, now);
 }
 
+void start(ProtocolEngine& e, std::vector<float>& in, std::vector<float>& out) {
+  ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
+}
+
 // A chunk whose timer runs out while RESULTs of the chunks before it keep coming, in order, is
 // queued behind them (a slow rank or switch), not lost: its timer starts again and nothing is
 // sent, as often as RESULTs keep coming.
@@ -329,8 +333,7 @@ TEST(ProtocolEngine, ALaterChunkAnsweredFirstMeansALoss) {
   for (const bool adaptive : {false, true}) {
     ProtocolEngine e(timer_cfg(adaptive));
     std::vector<float> in(64 * 4), out(in.size());
-    ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum),
-              Status::running);
+    start(e, in, out);
     OutPacket p[8], q[8];
     ASSERT_EQ(e.poll(0, p, 8), 4u);
     answer(e, p[1], 500);
@@ -348,8 +351,7 @@ TEST(ProtocolEngine, ALostLastChunkGoesOneTimeoutAfterTheResultsBeforeIt) {
   for (const bool adaptive : {false, true}) {
     ProtocolEngine e(timer_cfg(adaptive));
     std::vector<float> in(64 * 4), out(in.size());
-    ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum),
-              Status::running);
+    start(e, in, out);
     OutPacket p[8], q[8];
     ASSERT_EQ(e.poll(0, p, 8), 4u);
     for (int i = 0; i < 3; ++i) answer(e, p[i], 40);
@@ -368,7 +370,7 @@ TEST(ProtocolEngine, ALostLastChunkGoesOneTimeoutAfterTheResultsBeforeIt) {
 TEST(ProtocolEngine, OneResultHoldsAChunkOnce) {
   ProtocolEngine e(timer_cfg(false));
   std::vector<float> in(64 * 2), out(in.size());
-  ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
+  start(e, in, out);
   OutPacket p[8], q[8];
   ASSERT_EQ(e.poll(0, p, 8), 2u);
   answer(e, p[0], 1005);
@@ -384,7 +386,7 @@ TEST(ProtocolEngine, OneResultHoldsAChunkOnce) {
 TEST(ProtocolEngine, ARepairedChunksResultHoldsNoOne) {
   ProtocolEngine e(timer_cfg(false));
   std::vector<float> in(64 * 2), out(in.size());
-  ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
+  start(e, in, out);
   OutPacket p[8], q[8];
   ASSERT_EQ(e.poll(0, p, 8), 2u);
   ASSERT_EQ(e.poll(1000, q, 8), 2u);  // no RESULT at all: both go again, timers at 3000

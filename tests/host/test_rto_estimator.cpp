@@ -201,6 +201,18 @@ TEST(AdaptiveRto, AnOvertakenChunkGivesNoSample) {
   EXPECT_EQ(e.stats().rto_samples, 4u);
 }
 
+// 16 slots and the library's adaptive timer: 10 ms before the first sample, 2 to 32 ms, a peak
+// remembered for one to two seconds.
+EngineConfig library_timer() {
+  EngineConfig c = ecfg();
+  c.slots = 16;
+  c.rto.initial_ns = 10'000'000;
+  c.rto.floor_ns = 2'000'000;
+  c.rto.ceiling_ns = 32'000'000;
+  c.rto.peak_window_ns = 1'000'000'000;
+  return c;
+}
+
 // A lossless run in which results come late and in bursts, as when a rank is descheduled: with
 // the adaptive timer and the library's defaults (10 ms before the first sample, 2 to 32 ms), no
 // chunk is retransmitted. The first stall holds the first chunk, while the initial timeout holds
@@ -208,13 +220,7 @@ TEST(AdaptiveRto, AnOvertakenChunkGivesNoSample) {
 // the peak the timer remembers. (A first stall longer than any seen before, once samples brought
 // the timeout down, does retransmit: no timer can tell it from a loss.) Time is the fake clock.
 TEST(AdaptiveRto, LatenessInOrderNeverRetransmits) {
-  EngineConfig c = ecfg();
-  c.slots = 16;
-  c.rto.initial_ns = 10'000'000;
-  c.rto.floor_ns = 2'000'000;
-  c.rto.ceiling_ns = 32'000'000;
-  c.rto.peak_window_ns = 1'000'000'000;
-  ProtocolEngine e(c);
+  ProtocolEngine e(library_timer());
   std::vector<float> in(64 * 8192), out(in.size());
   for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 1000);
   ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
@@ -253,13 +259,7 @@ TEST(AdaptiveRto, LatenessInOrderNeverRetransmits) {
 // its turn and starts again (EngineStats::held); none is retransmitted. Held chunks give no
 // sample, so the timer does not learn the wait, and need not.
 TEST(AdaptiveRto, ASlowdownInOrderNeverRetransmits) {
-  EngineConfig c = ecfg();
-  c.slots = 16;
-  c.rto.initial_ns = 10'000'000;
-  c.rto.floor_ns = 2'000'000;
-  c.rto.ceiling_ns = 32'000'000;
-  c.rto.peak_window_ns = 1'000'000'000;
-  ProtocolEngine e(c);
+  ProtocolEngine e(library_timer());
   std::vector<float> in(64 * 2048), out(in.size());
   for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 1000);
   ASSERT_EQ(e.start(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum), Status::running);
