@@ -393,6 +393,8 @@ class Sweep {
   }
 
   const std::vector<Account>& accounts() const { return accounts_; }
+  /// This rank's retransmissions during the rows' treeduce operations (each row's `retx`).
+  std::uint64_t row_retransmits() const { return row_retransmits_; }
 
  private:
   // Every backend in turn on the same buffers and inputs: interleaved per row, because on a noisy
@@ -427,6 +429,7 @@ class Sweep {
       }));
     }
     const host::Stats after = comm_.stats();
+    row_retransmits_ += after.retransmits - before.retransmits;
     for (std::size_t i = 0; i < baselines_.size(); ++i) {
       Baseline* b = dead_[i] ? nullptr : baselines_[i].get();
       outs.push_back(run_backend(std::string(baselines_[i]->name()), d, op, count, [&] {
@@ -562,10 +565,13 @@ class Sweep {
   std::vector<Account> accounts_;
   std::vector<std::uint8_t> send_, recv_, want_;
   std::vector<std::vector<std::uint8_t>> many_;  // --back-to-back's receive buffers
+  std::uint64_t row_retransmits_ = 0;
 };
 
-// Rank 0's closing lines: treeduce's as before baselines existed, then one per baseline.
-void print_summary(const Communicator& comm, const std::vector<Account>& acc) {
+// Rank 0's closing lines: treeduce's as before baselines existed, its retransmissions in and
+// outside the rows, then one per baseline.
+void print_summary(const Communicator& comm, const std::vector<Account>& acc,
+                   std::uint64_t row_retransmits) {
   const host::Stats st = comm.stats();
   std::printf("# %s: %llu wrong elements, %llu ops in the network, %llu on the hosts%s%s\n",
               acc[0].all_wrong == 0 && acc[0].all_failed == 0 ? "verified" : "FAILED",
@@ -573,6 +579,11 @@ void print_summary(const Communicator& comm, const std::vector<Account>& acc) {
               static_cast<unsigned long long>(st.network_ops),
               static_cast<unsigned long long>(st.fallback_ops),
               st.fallback_reason.empty() ? "" : "; last fallback: ", st.fallback_reason.c_str());
+  std::printf(
+      "# retransmissions: %llu in the rows, %llu outside them (the barriers before the rows and "
+      "the sums of the ranks' counts after them)\n",
+      static_cast<unsigned long long>(row_retransmits),
+      static_cast<unsigned long long>(st.retransmits - row_retransmits));
   for (std::size_t i = 1; i < acc.size(); ++i) {
     std::printf("# %s: %s: %llu wrong elements, %llu failed operations over all ranks\n",
                 acc[i].name.c_str(),
@@ -731,6 +742,6 @@ int main(int argc, char** argv) {
   Sweep sweep(cfg, *comm, std::move(baselines), json_out.get());
   sweep.run();
   print_own_account(comm->rank(), sweep.accounts());
-  if (lead) print_summary(*comm, sweep.accounts());
+  if (lead) print_summary(*comm, sweep.accounts(), sweep.row_retransmits());
   return all_verified(sweep.accounts()) ? 0 : 1;
 }

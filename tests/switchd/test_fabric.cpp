@@ -762,6 +762,12 @@ TEST(Fabric, LibraryRanksReduceInTheNetwork) {
                                           "on the hosts"),
             std::string::npos)
       << Lab::read_log(*ranks[0]);
+  // Then rank 0's retransmissions, in the rows and outside them (the barriers, the sums).
+  EXPECT_TRUE(std::regex_search(
+      Lab::read_log(*ranks[0]),
+      std::regex(R"(# retransmissions: \d+ in the rows, \d+ outside them \(the barriers before )"
+                 R"(the rows and the sums of the ranks' counts after them\)\n)")))
+      << Lab::read_log(*ranks[0]);
 }
 
 // The spine is killed in the middle of a run: every rank ends within a bounded time, having
