@@ -67,8 +67,9 @@ struct EngineStats {
   std::uint64_t rto_samples = 0;
   /// Retransmissions found needless (their RESULT came back sooner than a round trip).
   std::uint64_t spurious = 0;
-  /// Timeouts that found the chunk waiting its turn (RESULTs of earlier chunks sent once came
-  /// since its timer started, none of a later chunk): its timer started again, nothing was sent.
+  /// Timeouts that found the chunk waiting its turn (the last RESULT of a chunk sent once came
+  /// since its timer started and less than a timeout ago, none of a later chunk came): its timer
+  /// started again from that RESULT, nothing was sent.
   std::uint64_t held = 0;
 };
 
