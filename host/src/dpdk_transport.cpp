@@ -6,6 +6,7 @@
 #include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_ether.h>
+#include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
 #include <rte_pause.h>
@@ -83,6 +84,35 @@ void ext_freed(void* /*addr*/, void* opaque) {
 bool frees_on_tx(const std::string& driver) {
   return driver == "net_memif" || driver == "net_af_packet" || driver == "net_af_xdp" ||
          driver == "net_tap";
+}
+
+// The thread that drives the transport as an lcore of its own. A thread the EAL did not start has
+// no lcore id, and a mempool has no per-lcore cache for it: every mbuf it allocates or frees (ours,
+// and the PMD's in rte_eth_rx_burst and rte_eth_tx_burst) goes to the pool's shared ring, with
+// its atomics. The communicator's progress thread, which runs every non-blocking operation, is
+// such a thread, and so is any application thread that is not the one that started the EAL.
+// Measured (treeduce-fabric --hosts dpdk, 4 ranks, 32 x 256 KiB issued non-blocking): 0.69-0.83
+// CPU ms per MiB per rank without a cache, 0.56-0.67 with one. So each such thread registers
+// once (rte_thread_register: an lcore id the EAL does not use) and gives its id back when it
+// ends, after emptying its caches into the pools. With no id left it runs without a cache.
+class LcoreOfThisThread {
+ public:
+  LcoreOfThisThread() : registered_(rte_lcore_id() == LCORE_ID_ANY && rte_thread_register() == 0) {}
+  ~LcoreOfThisThread() {
+    if (!registered_) return;
+    rte_mempool_walk([](rte_mempool* mp, void*) { rte_mempool_cache_flush(nullptr, mp); }, nullptr);
+    rte_thread_unregister();
+  }
+  LcoreOfThisThread(const LcoreOfThisThread&) = delete;
+  LcoreOfThisThread& operator=(const LcoreOfThisThread&) = delete;
+
+ private:
+  const bool registered_;
+};
+
+void be_an_lcore() {
+  thread_local LcoreOfThisThread lcore;
+  (void)lcore;
 }
 
 bool parse_mac(const std::string& s, std::uint8_t out[6]) {
@@ -191,6 +221,7 @@ class DpdkTransport final : public Transport {
 
   bool references(const void* p, std::size_t len) override {
     if (refs_ == nullptr || refs_->live == 0) return false;
+    be_an_lcore();
     rte_eth_tx_done_cleanup(port_, 0, 0);  // have the PMD free what it has sent, where it can
     const auto* b = static_cast<const std::uint8_t*>(p);
     for (const ExtRef* r = refs_->head; r != nullptr; r = r->next) {
@@ -200,6 +231,7 @@ class DpdkTransport final : public Transport {
   }
 
   std::string send(const OutPacket* p, std::size_t n) override {
+    be_an_lcore();
     // More than batch() breaks the contract; it is sent all the same, a batch at a time.
     for (std::size_t i = 0; i < n; i += kBatch) {
       if (std::string err = send_batch(p + i, std::min(kBatch, n - i)); !err.empty()) return err;
@@ -208,6 +240,7 @@ class DpdkTransport final : public Transport {
   }
 
   std::span<const RxDatagram> receive(std::uint64_t timeout_ns, std::string* /*error*/) override {
+    be_an_lcore();
     std::size_t n = poll();
     if (n != 0 || timeout_ns == 0) return {rx_out_.data(), n};
     const auto deadline =

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <rte_eal.h>
 #include <rte_ethdev.h>
+#include <rte_lcore.h>
 #include <rte_mbuf.h>
+#include <rte_mempool.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -289,6 +291,55 @@ TEST(DpdkTransport, RoundTripOnLoopbackInBatches) {
     EXPECT_EQ(std::memcmp(got[c].data(), &h, sizeof h), 0) << c;
     EXPECT_EQ(std::memcmp(got[c].data() + sizeof h, pls[c].data(), kPayload), 0) << c;
   }
+}
+
+// A thread the EAL did not start (the communicator's progress thread, an application's) has no
+// lcore id, so no mempool cache: the transport makes it an lcore while it drives the port, and
+// the lcore, with what its caches held, goes back when the thread ends.
+TEST(DpdkTransport, AThreadThatDrivesItIsAnLcoreUntilItEnds) {
+  auto t = make(loopback_options());
+  ASSERT_NE(t, nullptr);
+  const unsigned lcores = rte_lcore_count();
+  const std::vector<std::uint8_t> pl = payload(1, kPayload);
+  unsigned id = LCORE_ID_ANY, before = 0, during = 0;
+  std::size_t cached = 0, received = 0;
+  std::thread([&] {
+    before = rte_lcore_id();
+    const OutPacket p{header(1, kPayload), pl.data(), kPayload};
+    for (int i = 0; i < 8; ++i) {
+      if (!t->send(&p, 1).empty()) return;
+      received += receive_all(*t, 1).size();
+    }
+    id = rte_lcore_id();
+    during = rte_lcore_count();
+    // The mbufs went back to this lcore's cache of some pool, not to the pools' rings.
+    rte_mempool_walk(
+        [](rte_mempool* mp, void* arg) {
+          if (const rte_mempool_cache* c = rte_mempool_default_cache(mp, rte_lcore_id())) {
+            *static_cast<std::size_t*>(arg) += c->len;
+          }
+        },
+        &cached);
+  }).join();
+  EXPECT_EQ(received, 8u);
+  EXPECT_EQ(before, LCORE_ID_ANY);
+  ASSERT_NE(id, LCORE_ID_ANY);
+  EXPECT_EQ(during, lcores + 1);
+  EXPECT_GT(cached, 0u);
+  // Gone with the thread, its caches emptied into the pools.
+  EXPECT_EQ(rte_lcore_count(), lcores);
+  std::pair<unsigned, std::size_t> left{id, 0};
+  rte_mempool_walk(
+      [](rte_mempool* mp, void* arg) {
+        auto* l = static_cast<std::pair<unsigned, std::size_t>*>(arg);
+        if (const rte_mempool_cache* c = rte_mempool_default_cache(mp, l->first)) {
+          l->second += c->len;
+        }
+      },
+      &left);
+  EXPECT_EQ(left.second, 0u);
+  // The thread that started the EAL keeps its lcore and needs no other.
+  EXPECT_NE(rte_lcore_id(), LCORE_ID_ANY);
 }
 
 TEST(DpdkTransport, AFullPortCountsLossesAndNeverBlocks) {
