@@ -26,10 +26,10 @@
 # back to back 2 iterations, tuning runs 5, one short switch benchmark round). --reps: the switch
 # benchmark's undisturbed runs per row (default 3). --no-back-to-back, --no-tuning, --no-switchd
 # leave those stages out (their targets then say NOT MEASURED). --hosts: how treeduce's ranks reach
-# the switch, a comma list of dpdk (libtreeduce's DPDK transport on memif: kernel bypass; leaf
-# only), udp (kernel UDP sockets on veth pairs to the switch's af_packet ports, with UDP GSO) and
-# af_xdp (libtreeduce's AF_XDP transport on the same veths); all (the default) = dpdk,udp,af_xdp on
-# a leaf, udp,af_xdp on two levels. Gloo and MPI always use kernel TCP on the hosts' management
+# the switch, a comma list of dpdk (libtreeduce's DPDK transport on memif in zero-copy mode:
+# kernel bypass; leaf only), udp (kernel UDP sockets on veth pairs to the switch's af_packet
+# ports, with UDP GSO) and af_xdp (libtreeduce's AF_XDP transport on the same veths); all (the
+# default) = dpdk,udp,af_xdp on a leaf, udp,af_xdp on two levels. Gloo and MPI always use kernel TCP on the hosts' management
 # network (veth pairs on a Linux bridge). The fabric runs with jumbo frames (MTU 8300, 8 KiB
 # payloads), a 64-slot window and a 10 ms first retransmission timeout (docs/performance.md says
 # why). treeduce-perf arguments after -- replace the sweep's (default -b 256 -e 16777216 -f 4 -d f32
