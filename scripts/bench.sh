@@ -430,16 +430,16 @@ for k in kinds:
             continue
         ok = ok and x >= 1.5
         retx = r["treeduce"].get("retransmits")
-        # What the machine's CPUs allow: back to back, each allreduce still costs every rank the
-        # CPU time it measured (mean over the ranks), so on N CPUs it takes at least
-        # ranks x that / N, whatever overlaps (the switch's CPU comes on top).
+        # What the machine's CPUs allow at the CPU time each allreduce cost every rank back to
+        # back (mean over the ranks, polling included): on N CPUs it takes at least
+        # ranks x that / N (never below the measured x; the switch's CPU comes on top).
         bound = ""
         cpu, ranks = get(r, "treeduce", "cpu_us"), r.get("ranks") or 0
         if ncpu and ranks and cpu:
             floor = ranks * cpu / ncpu
             bound = (f"; the {ranks} ranks' CPU alone ({us(cpu)} us each per allreduce back to "
-                     f"back) needs {us(floor)} us of the {ncpu} CPUs per allreduce, so at most "
-                     f"{b / floor:.2f}x here")
+                     f"back, polling included) needs {us(floor)} us of the {ncpu} CPUs per "
+                     f"allreduce, so at that CPU cost at most {b / floor:.2f}x here")
         pts.append(f"{b2b_n} x {human(r['size'])} {r.get('type')} {r.get('op')}: {us(a)} us per "
                    f"allreduce back to back, {us(b)} one after the other: {x:.2f}x{short(x, 1.5)}"
                    + (f", {retx} retransmissions" if isinstance(retx, int) else "") + bound)

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -86,21 +87,56 @@ bool frees_on_tx(const std::string& driver) {
          driver == "net_tap";
 }
 
+// The pools of every open DPDK transport: the ones a thread that ends empties its caches into
+// (LcoreOfThisThread). Only these, under this lock, which a transport holds to take its pools off
+// the list before it frees them: rte_mempool_walk over all of the EAL's pools would race with any
+// rte_mempool_free in the process (it takes another lock), and would touch DPDK's memory after
+// an application's rte_eal_cleanup. Never destroyed: a thread may end after static destructors
+// ran.
+struct OpenPools {
+  std::mutex mu;
+  std::vector<rte_mempool*> pools;
+};
+OpenPools& open_pools() {
+  static auto* p = new OpenPools;
+  return *p;
+}
+
+void list_pool(rte_mempool* mp) {
+  OpenPools& o = open_pools();
+  const std::lock_guard<std::mutex> lock(o.mu);
+  o.pools.push_back(mp);
+}
+
+void unlist_pools(std::initializer_list<rte_mempool*> pools) {
+  OpenPools& o = open_pools();
+  const std::lock_guard<std::mutex> lock(o.mu);
+  std::erase_if(o.pools, [&](rte_mempool* mp) {
+    return std::find(pools.begin(), pools.end(), mp) != pools.end();
+  });
+}
+
 // The thread that drives the transport as an lcore of its own. A thread the EAL did not start has
 // no lcore id, and a mempool has no per-lcore cache for it: every mbuf it allocates or frees (ours,
 // and the PMD's in rte_eth_rx_burst and rte_eth_tx_burst) goes to the pool's shared ring, with
 // its atomics. The communicator's progress thread, which runs every non-blocking operation, is
 // such a thread, and so is any application thread that is not the one that started the EAL.
 // Measured (treeduce-fabric --hosts dpdk, 4 ranks, 32 x 256 KiB issued non-blocking): 0.69-0.83
-// CPU ms per MiB per rank without a cache, 0.56-0.67 with one. So each such thread registers
+// CPU ms per MiB per rank without a cache, 0.47-0.67 with one. So each such thread registers
 // once (rte_thread_register: an lcore id the EAL does not use) and gives its id back when it
-// ends, after emptying its caches into the pools. With no id left it runs without a cache.
+// ends, after emptying its caches into the open transports' pools (a cache left in a closed
+// transport's pool goes with the pool). Where it cannot register (every id taken, a process with
+// DPDK secondary processes) it runs without caches, as before.
 class LcoreOfThisThread {
  public:
   LcoreOfThisThread() : registered_(rte_lcore_id() == LCORE_ID_ANY && rte_thread_register() == 0) {}
   ~LcoreOfThisThread() {
     if (!registered_) return;
-    rte_mempool_walk([](rte_mempool* mp, void*) { rte_mempool_cache_flush(nullptr, mp); }, nullptr);
+    {
+      OpenPools& o = open_pools();
+      const std::lock_guard<std::mutex> lock(o.mu);
+      for (rte_mempool* mp : o.pools) rte_mempool_cache_flush(nullptr, mp);
+    }
     rte_thread_unregister();
   }
   LcoreOfThisThread(const LcoreOfThisThread&) = delete;
@@ -127,6 +163,8 @@ class DpdkTransport final : public Transport {
   static constexpr std::size_t kBatch = 64;
 
   ~DpdkTransport() override {
+    // Off the list first: no thread that ends from here on flushes its caches into them.
+    unlist_pools({tx_pool_, rx_pool_, ext_pool_});
     release_held();
     if (started_) {
       // Free what is still queued for us (on a loopback PMD that includes our own TX mbufs) before
@@ -306,6 +344,7 @@ class DpdkTransport final : public Transport {
           dpdk::create_pool(name + serial, opt.mbufs, cache, room, socket);
       if (!mp.ok()) return mp.status().message();
       *pool = *mp;
+      list_pool(*pool);
     }
     if (zero_copy_) {
       const auto priv = static_cast<std::uint16_t>(RTE_ALIGN(sizeof(ExtRef), RTE_MBUF_PRIV_ALIGN));
@@ -316,6 +355,7 @@ class DpdkTransport final : public Transport {
                " external-buffer mbufs: give DPDK more memory (-m) or use fewer mbufs (" +
                rte_strerror(rte_errno) + ").";
       }
+      list_pool(ext_pool_);
       refs_ = std::make_unique<ExtRefs>();
       iova_va_ = rte_eal_iova_mode() == RTE_IOVA_VA;
     }
