@@ -57,6 +57,10 @@ std::string af_packet_vdev(const std::string& port, const std::string& iface, in
   return v;
 }
 
+std::string af_xdp_vdev(const std::string& port, const std::string& iface) {
+  return "--vdev=" + port + ",iface=" + iface + ",start_queue=0,queue_count=1";
+}
+
 bool packet_fanout_lost(const std::string& log) {
   return log.find("could not set PACKET_FANOUT") != std::string::npos;
 }
@@ -227,11 +231,7 @@ std::string Fabric::host_port_name(int index) const {
 }
 
 std::string Fabric::host_port_vdev(int index, int h) const {
-  // One queue: a veth has one unless made with more, and the switch's lcores share it.
-  if (opt_.switch_af_xdp) {
-    return "--vdev=" + host_port_name(index) + ",iface=" + port_if(h) +
-           ",start_queue=0,queue_count=1";
-  }
+  if (opt_.switch_af_xdp) return lab::af_xdp_vdev(host_port_name(index), port_if(h));
   return lab::af_packet_vdev(host_port_name(index), port_if(h), opt_.lcores, opt_.mtu);
 }
 

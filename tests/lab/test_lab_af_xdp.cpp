@@ -4,11 +4,13 @@
 // over the management interface while the XDP program sits on the data one and ARP for the leaf
 // done by the kernel; a configuration the transport cannot start with (no such interface),
 // which falls back to the host path loudly and still computes the right result; and the same
-// allreduces with jumbo frames (8 KiB payloads over AF_XDP multi-buffer). Needs root.
+// allreduces with jumbo frames (8 KiB payloads over AF_XDP multi-buffer); and the switch's side
+// on AF_XDP (`lab up --switch-ports af_xdp`). Needs root.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <sstream>
 #include <string>
 
 #include "lab_test_support.h"
@@ -80,6 +82,47 @@ TEST_F(LabAfXdp, FourRanksReduceExactlyOverAfXdpAndABadInterfaceFallsBackLoudly)
   EXPECT_NE(r.err.find("[h0] treeduce: info: af_xdp transport on eth0 "), std::string::npos)
       << r.err;
   EXPECT_EQ(lab({"down", "--name", n}).status, 0);
+}
+
+// `lab up --switch-ports af_xdp`: the leaf reads the hosts' veths with net_af_xdp instead of
+// net_af_packet. Kernel UDP ranks reduce exactly through it, `lab status` names the port type,
+// and an MTU its page-sized UMEM frames cannot hold is refused in the switch's words, nothing
+// left behind.
+TEST_F(LabAfXdp, SwitchPortsAfXdpCarryExactAllreducesUpToTheirMtu) {
+  std::string n = "t";
+  n += std::to_string(getpid());
+  n += "s";
+  Result r = lab({"up", "--leaf", "4", "--switch-ports", "af_xdp", "--name", n});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  r = lab({"run",     "--name", n,     "-n",      "4",  "--", "treeduce-perf",
+           "-b",      "1024",   "-e",  "1048576", "-f", "32", "-d",
+           "f32,i32", "-o",     "sum", "-n",      "3",  "-w", "1"},
+          "TREEDUCE_PATH=network");
+  expect_exact(r, "network");
+  r = lab({"status", "--name", n});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  // Each host's link, "h0  leaf0:net_af_xdp0  veth/af_xdp  -" (columns padded).
+  std::istringstream lines(r.out);
+  int links = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("veth/af_xdp") == std::string::npos) continue;
+    ++links;
+    EXPECT_NE(line.find("leaf0:net_af_xdp"), std::string::npos) << line;
+  }
+  EXPECT_EQ(links, 4) << r.out;
+  EXPECT_EQ(r.out.find("net_af_packet"), std::string::npos) << r.out;
+  EXPECT_EQ(lab({"down", "--name", n}).status, 0);
+
+  n += "j";
+  r = lab({"up", "--leaf", "2", "--switch-ports", "af_xdp", "--mtu", "8300", "--name", n});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("give it an MTU of at most"), std::string::npos) << r.out << r.err;
+  r = lab({"down", "--name", n});
+  EXPECT_NE((r.out + r.err).find("no lab named"), std::string::npos) << r.out << r.err;
+
+  r = lab({"up", "--leaf", "2", "--switch-ports", "af_xdpp", "--name", n});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--switch-ports"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -85,6 +85,10 @@ std::vector<std::string> switch_eal_argv(const std::string& bin, const std::stri
 /// `--vdev=` of a net_af_packet port named `port` on interface `iface`, with `qpairs` queue pairs
 /// and ring frames that hold `mtu`.
 std::string af_packet_vdev(const std::string& port, const std::string& iface, int qpairs, int mtu);
+/// `--vdev=` of a net_af_xdp port named `port` on interface `iface`: its queue 0 (a veth has one
+/// unless made with more, and a switch's lcores share it). The switch gives it page-sized UMEM
+/// frames, so it carries an MTU of at most 3442 with 4 KiB pages (the switch says so otherwise).
+std::string af_xdp_vdev(const std::string& port, const std::string& iface);
 /// True when a switch's log says DPDK refused its af_packet port's PACKET_FANOUT group (another
 /// switch of the namespace has it): a new process, with a new pid, gets another group.
 bool packet_fanout_lost(const std::string& log);
