@@ -26,17 +26,17 @@
 # back to back 2 iterations, tuning runs 5, one short switch benchmark round). --reps: the switch
 # benchmark's undisturbed runs per row (default 3). --no-back-to-back, --no-tuning, --no-switchd
 # leave those stages out (their targets then say NOT MEASURED). --hosts: how treeduce's ranks reach
-# the switch, a comma list of dpdk (libtreeduce's DPDK transport on memif in zero-copy mode:
-# kernel bypass; leaf only), udp (kernel UDP sockets on veth pairs to the switch's af_packet
-# ports, with UDP GSO) and af_xdp (libtreeduce's AF_XDP transport on the same veths); all (the
-# default) = dpdk,udp,af_xdp on a leaf, udp,af_xdp on two levels. Gloo and MPI always use kernel TCP on the hosts' management
-# network (veth pairs on a Linux bridge). The fabric runs with jumbo frames (MTU 8300, 8 KiB
-# payloads), a 64-slot window and a 10 ms first retransmission timeout (docs/performance.md says
-# why). treeduce-perf arguments after -- replace the sweep's (default -b 256 -e 16777216 -f 4 -d f32
-# -o sum -n 20 -w 3), not those of the back-to-back and tuning runs. --no-build: use the binaries as
-# they are. The fabric needs root: the script runs it with sudo when it is not root. Environment:
-# TREEDUCE_BUILD_DIR (default build, a release build; when build exists with another build type,
-# build-bench), TREEDUCE_SWITCHD_ARGS (more switch benchmark options, e.g.
+# the switch, a comma list of dpdk (libtreeduce's DPDK transport on memif in zero-copy mode: kernel
+# bypass; leaf only), udp (kernel UDP sockets on veth pairs to the switch's af_packet ports, with
+# UDP GSO) and af_xdp (libtreeduce's AF_XDP transport on the same veths); all (the default) =
+# dpdk,udp,af_xdp on a leaf, udp,af_xdp on two levels. Gloo and MPI always use kernel TCP on the
+# hosts' management network (veth pairs on a Linux bridge). The fabric runs with jumbo frames (MTU
+# 8300, 8 KiB payloads), a 64-slot window and a 10 ms first retransmission timeout
+# (docs/performance.md says why). treeduce-perf arguments after -- replace the sweep's (default -b
+# 256 -e 16777216 -f 4 -d f32 -o sum -n 20 -w 3), not those of the back-to-back and tuning runs.
+# --no-build: use the binaries as they are. The fabric needs root: the script runs it with sudo when
+# it is not root. Environment: TREEDUCE_BUILD_DIR (default build, a release build; when build exists
+# with another build type, build-bench), TREEDUCE_SWITCHD_ARGS (more switch benchmark options, e.g.
 # "--payloads 1024 --fanins 8").
 # Exit status: 0 when every run exited 0 and every result was verified (wrong = 0), whether or not
 # the targets were met (report.md says MET or MISSED); 1 when anything failed, 2 on bad usage.
