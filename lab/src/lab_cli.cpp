@@ -552,9 +552,12 @@ struct UpArgs {
   int mtu = 1500;
   int dpdk_mem_mb = 0;  ///< 0: by port count (dpdk_mem_for)
   int idle_sleep_us = 200;
-  double loss = 0;            ///< rx_loss on every switch port
-  bool af_xdp_ports = false;  ///< --switch-ports af_xdp: net_af_xdp on the hosts' veths
+  double loss = 0;                         ///< rx_loss on every switch port
+  std::string switch_ports = "af_packet";  ///< the hosts' veths read with net_<this>
 };
+
+/// A switch port on a host's veth read with net_af_xdp (`lab up --switch-ports af_xdp`).
+bool is_af_xdp(const PortRec& p) { return p.name.rfind("net_af_xdp", 0) == 0; }
 
 void wait_until(const std::function<bool()>& done, std::chrono::seconds bound,
                 const std::function<std::string()>& why) {
@@ -884,11 +887,11 @@ class Up {
       recs[i].data = ctl::to_string(t.switches[i].data);
       for (std::size_t k = 0; k < t.switches[i].hosts.size(); ++k) {
         const std::uint32_t h = t.switches[i].hosts[k];
-        const std::string port =
-            (a_.af_xdp_ports ? "net_af_xdp" : "net_af_packet") + std::to_string(k);
+        const std::string port = "net_" + a_.switch_ports + std::to_string(k);
         recs[i].ports.push_back({port, t.hosts[h].name});
-        vdevs[i].push_back(a_.af_xdp_ports ? af_xdp_vdev(port, s_.hosts[h].port_if)
-                                           : af_packet_vdev(port, s_.hosts[h].port_if, 1, a_.mtu));
+        vdevs[i].push_back(is_af_xdp(recs[i].ports.back())
+                               ? af_xdp_vdev(port, s_.hosts[h].port_if)
+                               : af_packet_vdev(port, s_.hosts[h].port_if, 1, a_.mtu));
       }
     }
     for (std::size_t lo = 0; lo < n; ++lo) {
@@ -956,9 +959,7 @@ class Up {
     // mbufs) plus 13 MiB of lcore caches and headers; -m 32 is too little for 4 ports, 64 works.
     // A net_af_xdp port has a pool of its own besides: 4096 page-sized mbufs with one lcore
     // (switchd's af_xdp_pool), 16.3 MiB.
-    const auto xdp_ports = std::count_if(rec.ports.begin(), rec.ports.end(), [](const PortRec& r) {
-      return r.name.rfind("net_af_xdp", 0) == 0;
-    });
+    const auto xdp_ports = std::count_if(rec.ports.begin(), rec.ports.end(), is_af_xdp);
     const int mem = a_.dpdk_mem_mb != 0
                         ? a_.dpdk_mem_mb
                         : 40 + 6 * int(rec.ports.size()) + 17 * static_cast<int>(xdp_ports);
@@ -1255,8 +1256,8 @@ std::vector<LinkName> link_names(const State& s) {
   for (const SwitchRec& sw : s.switches) {
     for (const PortRec& p : sw.ports) {
       if (p.peer.find(':') == std::string::npos) {
-        const bool xdp = p.name.rfind("net_af_xdp", 0) == 0;
-        out.push_back({p.peer, {{sw.name, p.name}}, xdp ? "veth/af_xdp" : "veth/af_packet"});
+        out.push_back(
+            {p.peer, {{sw.name, p.name}}, is_af_xdp(p) ? "veth/af_xdp" : "veth/af_packet"});
       }
     }
   }
@@ -2434,7 +2435,7 @@ class Commands final : public LabCommands {
                     "longest sleep of an idle switch lcore (0: busy polling)")
         ->check(CLI::Range(0, 1000000))
         ->capture_default_str();
-    up_->add_option("--switch-ports", switch_ports_,
+    up_->add_option("--switch-ports", ua_.switch_ports,
                     "the switches' ports to the hosts' veths: af_packet (net_af_packet) or af_xdp "
                     "(net_af_xdp, an AF_XDP socket: MTU at most 3442 with 4 KiB pages)")
         ->check(CLI::IsMember({"af_packet", "af_xdp"}))
@@ -2541,7 +2542,6 @@ class Commands final : public LabCommands {
         sigaction(SIGINT, &sa, nullptr);
         sigaction(SIGTERM, &sa, nullptr);
         ua_.name = name_;
-        ua_.af_xdp_ports = switch_ports_ == "af_xdp";
         return Up(ua_).run();
       }
       if (down_->parsed()) return down(name_);
@@ -2591,7 +2591,6 @@ class Commands final : public LabCommands {
   CLI::App *up_ = nullptr, *status_ = nullptr, *exec_ = nullptr, *run_ = nullptr, *down_ = nullptr;
   std::string name_ = "default";
   UpArgs ua_;
-  std::string switch_ports_ = "af_packet";
   RunArgs ra_;
   std::string host_;
   std::string hosts_csv_;
