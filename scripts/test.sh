@@ -31,7 +31,7 @@ run_build() {
   else
     meson setup "$dir" "${setup_args[@]}" >/dev/null
   fi
-  local targets=()
+  local targets=() started=$SECONDS
   [ "$target" = all ] || targets=("$target")
   if ! ninja -C "$dir" -j "$jobs" "${targets[@]}" >/dev/null; then
     echo "== $dir: BUILD FAILED" >&2
@@ -40,9 +40,11 @@ run_build() {
     return
   fi
   built+="$dir "
-  echo "== $dir: test" >&2
+  echo "== $dir: built in $((SECONDS - started)) s; test" >&2
+  started=$SECONDS
   meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes "$jobs" "${test_args[@]}" ||
     status=1
+  echo "== $dir: tested in $((SECONDS - started)) s" >&2
 }
 
 run_build build all -- -Dbuildtype=release
@@ -62,8 +64,9 @@ if [ "${TREEDUCE_TEST_INSTALL:-1}" = 1 ] && [[ "$built" == *" build "* ]]; then
     "${sudo[@]}" ldconfig 2>/dev/null || true
   fi
 fi
-# Unoptimised and sanitized, every test runs several times slower (aggregation-kernels: about
-# 280 s of its 300 on a loaded 2-CPU machine): the timeouts, guards against hangs, scale with it.
+# Unoptimised and sanitized, every test runs several times slower: the timeouts, guards against
+# hangs, scale with it, and the longest randomized tests check fewer random cases
+# (tests/sanitized.h). -O1 would run them 2-3x faster but takes three times as long to build.
 run_build build-asan all --no-suite slow --timeout-multiplier 3 -- -Dbuildtype=debug \
   -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=false
 CXX=clang++ run_build build-fuzz fuzz-targets --suite fuzz -- -Dfuzz=enabled \
