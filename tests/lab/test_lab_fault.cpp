@@ -172,9 +172,15 @@ TEST_F(LabFault, FaultsCapturesRestartsOnAFatTree) {
     EXPECT_NE(r.err.find("failed"), std::string::npos) << r.out << r.err;
   }
   EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
-  // Held to the network path, the ranks fail loudly, with no wrong element.
-  r = lab({"run", "--name", n, "--", "env", "TREEDUCE_PATH=network", kFaultRetries, "treeduce-perf",
-           "-b", "1024", "-e", "1024", "-n", "1", "-w", "0", "-c", "1"});
+  // Held to the network path, the ranks fail loudly, with no wrong element. One row: every failed
+  // operation waits out its retransmissions (3.3-3.8 s), and so do the barrier before the row and
+  // the sums of the counts after it; the six dtypes' rows took a minute.
+  const std::vector<std::string> one_row = {"-b",  "1024", "-e", "1024", "-d", "f32", "-o",
+                                            "sum", "-n",   "1",  "-w",   "0",  "-c",  "1"};
+  std::vector<std::string> held = {
+      "run", "--name", n, "--", "env", "TREEDUCE_PATH=network", kFaultRetries, "treeduce-perf"};
+  held.insert(held.end(), one_row.begin(), one_row.end());
+  r = lab(held);
   EXPECT_NE(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("FAILED"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find(" failed operations, 0 wrong elements"), std::string::npos) << r.err;
