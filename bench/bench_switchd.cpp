@@ -20,6 +20,9 @@
 //   core      not a DUT: treeduce-bench-switch-core (--core-bench PATH, on by default) pinned to
 //             the DUT's CPU in the same rounds, for each switch row's payload and fan-in. A last
 //             table checks issue 16's target: switch ns/pkt busy <= 1.1 x (macswap's + core's).
+// With --memif-zero-copy every DUT's memif client runs with zero-copy=yes (its EAL with
+// --single-file-segments, so that the generator can map its memory): the DUT then reads and
+// sends frames in place in its own mbufs, and only the generator copies.
 // The loop is closed, like real hosts: the generator plays the F children of the tree and sends
 // chunk c + S only after a RESULT of chunk c came back (any one of its F copies); for testpmd any
 // returned frame returns one credit. The payload of chunk c from child i is known, so the
@@ -123,6 +126,7 @@ struct Options {
   std::string core_bin = TREEDUCE_BENCH_SWITCH_CORE_BIN;
   std::string testpmd_bin = "dpdk-testpmd";
   bool json = false, keep = false;
+  bool memif_zero_copy = false;  // every DUT's memif client with zero-copy=yes
 };
 
 std::vector<std::uint32_t> parse_list(const char* s) {
@@ -573,7 +577,8 @@ struct Bench {
   std::string memif_args(std::uint32_t payload) const {
     return "--vdev=net_memif0,role=client,id=0,socket=" + dir +
            "/memif.sock,bsize=" + std::to_string(memif_bsize(payload)) +
-           ",rsize=" + std::to_string(log2_ceil(2 * o.inflight));
+           ",rsize=" + std::to_string(log2_ceil(2 * o.inflight)) +
+           (o.memif_zero_copy ? ",zero-copy=yes" : "");
   }
 
   std::string write_switch_yaml(std::uint32_t payload, std::uint32_t fanin, std::uint32_t slots) {
@@ -599,13 +604,17 @@ struct Bench {
   }
 
   std::vector<std::string> eal(const std::string& name, std::uint32_t payload) const {
-    return {"--no-huge",
-            "-m",
-            "512",
-            "--no-pci",
-            "--file-prefix=" + prefix + name,
-            "--log-level=lib.eal:warning",
-            memif_args(payload)};
+    std::vector<std::string> a = {"--no-huge",
+                                  "-m",
+                                  "512",
+                                  "--no-pci",
+                                  "--file-prefix=" + prefix + name,
+                                  "--log-level=lib.eal:warning",
+                                  memif_args(payload)};
+    // memif's zero-copy client shares its EAL memory with the server: one file per segment list
+    // (--no-huge memory is then a memfd).
+    if (o.memif_zero_copy) a.push_back("--single-file-segments");
+    return a;
   }
 
   /// Waits for the memif link and a line in the DUT's log; the metrics port from the switch's.
@@ -843,6 +852,8 @@ int main(int argc, char** argv) {
       o.json = true;
     } else if (a == "--keep") {
       o.keep = true;
+    } else if (a == "--memif-zero-copy") {
+      o.memif_zero_copy = true;
     } else if (a == "--payloads") {
       o.payloads = parse_list(val());
     } else if (a == "--fanins") {
@@ -888,7 +899,7 @@ int main(int argc, char** argv) {
                    "[--max-rounds 8] "
                    "[--gen-cpu 0] [--dut-cpu 1] "
                    "[--switch PATH] [--switch-base PATH] [--core-bench PATH|''] [--testpmd PATH] "
-                   "[--keep]\n",
+                   "[--memif-zero-copy] [--keep]\n",
                    argv[0]);
       return 2;
     }
@@ -1015,8 +1026,9 @@ int main(int argc, char** argv) {
   };
   bool ok = true;
   std::ostringstream js;
-  js << "{\"inflight\": " << o.inflight << ", \"measure_ms\": " << o.measure_ms
-     << ", \"reps\": " << o.reps << ", \"rows\": [";
+  js << "{\"inflight\": " << o.inflight
+     << ", \"memif_zero_copy\": " << (o.memif_zero_copy ? "true" : "false")
+     << ", \"measure_ms\": " << o.measure_ms << ", \"reps\": " << o.reps << ", \"rows\": [";
   if (!o.json) {
     std::printf(
         "| DUT | payload | fan-in | rx Mpps/lcore | runs min-max | Gbps reduced | tx Mpps | vs "
@@ -1153,6 +1165,9 @@ int main(int argc, char** argv) {
   if (o.json) {
     std::fputs(js.str().c_str(), stdout);
   } else {
+    std::printf("\nmemif: every DUT's client %s\n",
+                o.memif_zero_copy ? "zero-copy (zero-copy=yes; the generator copies)"
+                                  : "copying (the default; --memif-zero-copy for zero-copy)");
     std::printf("\nline rate, Mpps (frame = 74 B headers + payload + 24 B preamble/FCS/IFG):");
     for (std::uint32_t p : o.payloads)
       std::printf("  %u B: %.2f (100G) %.2f (400G)", p, line_mpps(100, p), line_mpps(400, p));
