@@ -9,7 +9,8 @@
 #      the same 32 one after the other) into OUT/b2b-KIND.txt and .jsonl;
 #   3. fast without tuning: 1 MiB on kernel UDP hosts with libtreeduce's defaults (window, payload
 #      from the MTU, adaptive retransmission timeout) and with the benchmark's settings (64 slots,
-#      a fixed 10 ms timeout), at MTU 1500 and 8300, into OUT/tuning-MTU-defaults|tuned.txt/.jsonl;
+#      a fixed 10 ms timeout), at MTU 1500 and 8300, into OUT/tuning-MTU-defaults|tuned.txt/.jsonl
+#      (both with the fabric's UDP GSO, and the payload libtreeduce would take from the MTU);
 #   4. runs the switch daemon benchmark (bench/treeduce-bench-switchd --json: Mpps per lcore next
 #      to dpdk-testpmd, lcores per 100G/400G port, and the per-packet target at 1 KiB, fan-in 8:
 #      the switch against testpmd macswap + treeduce-bench-switch-core) into OUT/switchd.json;
@@ -340,7 +341,19 @@ def tag(c, rs):
     ranks = rs[0].get("ranks")
     return f"{c[0]} {c[1]}" + ("" if ranks == 4 else f" ({ranks} ranks; the targets are for 4)")
 
+# A target whose host kinds have no rows is NOT MEASURED, never left out: not asked for (--hosts,
+# or --topology two-level, where dpdk hosts do not run), or a run that gave no results (a failure
+# above).
+def absent(ks):
+    if any(k in sweeps for k in ks):
+        return " and ".join(f"{k} hosts" for k in ks) + " gave no results (see the failures)"
+    return " and ".join(f"{k} hosts" for k in ks) + " not run (--hosts" + (
+        "; dpdk hosts run on one leaf only)" if "dpdk" in ks else ")")
+
 # Kernel-bypass hosts: algbw >= 2.0x Gloo ring's and >= 1.5x MPI's at 1, 4 and 16 MiB.
+BYPASS_TARGET = "algbw >= 2.0x Gloo ring's and >= 1.5x MPI's at 1, 4 and 16 MiB"
+if not by_kind.get("dpdk"):
+    targets.append(("NOT MEASURED", f"kernel-bypass hosts: {BYPASS_TARGET}", absent(["dpdk"])))
 for c, rs in by_kind.get("dpdk", {}).items():
     at = {r["size"]: r for r in rs}
     pts, ok, measured = [], True, True
@@ -354,12 +367,14 @@ for c, rs in by_kind.get("dpdk", {}).items():
         ok = ok and g >= 2.0 and m >= 1.5
         pts.append(f"{human(n)}: {g:.2f}x Gloo's{short(g, 2.0)}, {m:.2f}x MPI's{short(m, 1.5)}")
     v = verdict(measured, ok)
-    targets.append((v, f"kernel-bypass hosts, {tag(c, rs)}: algbw >= 2.0x Gloo ring's and >= "
-                    "1.5x MPI's at 1, 4 and 16 MiB", "; ".join(pts)))
+    targets.append((v, f"kernel-bypass hosts, {tag(c, rs)}: {BYPASS_TARGET}", "; ".join(pts)))
 
 # Hosts without DPDK (AF_XDP or kernel UDP, whichever is faster): >= 1.0x Gloo's ring at 1-16 MiB.
-nodpdk = [k for k in ("udp", "af_xdp") if k in by_kind]
-if nodpdk:
+nodpdk = [k for k in ("udp", "af_xdp") if by_kind.get(k)]
+if not nodpdk:
+    targets.append(("NOT MEASURED", "hosts without DPDK (AF_XDP or kernel UDP, the faster): "
+                    "algbw >= 1.0x Gloo ring's at 1-16 MiB", absent(["udp", "af_xdp"])))
+else:
     cs = []
     for k in nodpdk:
         cs += [c for c in by_kind[k] if c not in cs]
@@ -383,16 +398,19 @@ if nodpdk:
             pts.append(f"{human(n)}: " + (", ".join(f"{k} {g:.2f}x" for g, k in got) + ", the "
                                           "faster " if len(got) > 1 else "")
                        + f"{bk} {best:.2f}x{short(best, 1.0)}")
-        missing = [k for k in ("udp", "af_xdp") if k not in by_kind]
+        missing = [k for k in ("udp", "af_xdp") if k not in nodpdk]
         rs0 = next(by_kind[k][c] for k in nodpdk if c in by_kind[k])
         v = verdict(measured, ok)
         targets.append((v, f"hosts without DPDK (AF_XDP or kernel UDP, the faster), "
                         f"{tag(c, rs0)}: algbw >= 1.0x Gloo ring's at 1-16 MiB"
-                        + (f" ({', '.join(missing)} not run)" if missing else ""),
+                        + (f" ({absent(missing)})" if missing else ""),
                         "; ".join(pts) if pts else "no such size in this run"))
 
 # Small messages, per host kind: time <= 1.0x MPI's, and (the first target) <= 0.5x Gloo's.
 for k in kinds:
+    if not by_kind[k]:
+        targets.append(("NOT MEASURED", f"{kind_name(k)}, sizes <= 4 KiB: time <= 1.0x MPI's "
+                        "(mean time_us)", absent([k]) if k else "no results"))
     for c, rs in by_kind[k].items():
         small = [r for r in rs if r["size"] <= KIB4]
         for impl, goal, what in (("mpi", 1.0, "MPI's"), ("gloo", 0.5, "Gloo ring's")):
@@ -673,9 +691,12 @@ if cpu_lines:
            "CPU time (user + system, every thread; the mean over the ranks):", ""]
     md += [f"- {x}" for x in cpu_lines]
     md += ["", "Profiles (where a rank's and the switch's CPU time goes, per function and system "
-           "call): docs/performance.md, \"Issue 16's targets in one report\", \"Reading\", "
+           "call): docs/performance.md, sections \"Allreduce against Gloo and Open MPI (4 "
+           "ranks)\" (its parts \"Issue 16's targets in one report\" and \"Reading\"), "
+           "\"Issue 16: back to back, and fast without tuning\", \"AF_XDP hosts (issue 16)\", "
            "\"Issue 16: small messages\", \"Issue 16: fewer copies on the DPDK transport\" and "
-           "\"Issue 16: the switch's per-packet path\"."]
+           "\"Switch daemon throughput\" (its part \"Issue 16: the switch's per-packet "
+           "path\")."]
 
 for k in kinds:
     md += ["", f"## Allreduce, {kind_name(k)}: treeduce against Gloo ring and MPI_Allreduce", ""]
@@ -746,10 +767,13 @@ for k in kinds:
                       f"| {'-' if x is None else f'{x:.2f}x'} | {wrong} |")
 if tuning:
     md += ["", "## Fast without tuning: kernel UDP hosts, 1 MiB f32 sum", "",
-           "libtreeduce's defaults (`--slots 0`: its 16-slot window, the payload from the MTU, "
-           "the adaptive retransmission timeout) against the benchmark's settings (64 slots, a "
-           "fixed 10 ms first timeout), one fabric each; retx = rank 0's retransmissions "
-           "(warm-up included); x = defaults' time / tuned time.", "",
+           "libtreeduce's defaults (`--slots 0`: the window its payload gives, 64 slots at "
+           "1 KiB payloads and 16 at 8 KiB; the payload from the MTU, 1 KiB at 1500 and 8 KiB "
+           "at 8300; the adaptive retransmission timeout) against the benchmark's settings (64 "
+           "slots, a fixed 10 ms first timeout), one fabric each. Both with the same payload and "
+           "with UDP GSO (the fabric's setting for kernel UDP hosts, not a libtreeduce default: "
+           "docs/host.md, `TREEDUCE_UDP_GSO`). retx = rank 0's retransmissions (warm-up "
+           "included); x = defaults' time / tuned time.", "",
            "| MTU | settings | time us (min) | GB/s | CPU ms/MiB | retx | x |",
            "|--:|---|--:|--:|--:|--:|--:|"]
     for (mtu, how), rows in sorted(tuning.items()):
@@ -785,13 +809,6 @@ print(f"bench: report in {path('report.md')}", file=sys.stderr)
 sys.exit(1 if failures else 0)
 PY
 }
-
-if [ -n "$report_only" ]; then
-  [ -d "$report_only" ] || { echo "bench.sh: no directory $report_only" >&2; exit 2; }
-  report "$(realpath "$report_only")"
-  exit
-fi
-
 
 if [ -n "$report_only" ]; then
   [ -d "$report_only" ] || { echo "bench.sh: no directory $report_only" >&2; exit 2; }

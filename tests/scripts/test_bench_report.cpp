@@ -228,7 +228,7 @@ TEST_F(BenchReport, MissingFiguresAreNotMeasuredAndUndisturbedRunsAreNeeded) {
   ASSERT_EQ(run(), 0) << stderr_ << report_;
   EXPECT_TRUE(has(target("kernel-bypass hosts, f32 sum"), "**NOT MEASURED**"));
   EXPECT_TRUE(has(target("kernel-bypass hosts, f32 sum"), "4 MiB: not in this run"));
-  EXPECT_TRUE(has(target("hosts without DPDK"), "(af_xdp not run)"));
+  EXPECT_TRUE(has(target("hosts without DPDK"), "(af_xdp hosts not run (--hosts))"));
   EXPECT_TRUE(has(target("kernel UDP hosts (sockets on veth, af_packet at the switch), back to "
                          "back"),
                   "**NOT MEASURED**"));
@@ -253,6 +253,41 @@ TEST_F(BenchReport, MissingFiguresAreNotMeasuredAndUndisturbedRunsAreNeeded) {
   EXPECT_EQ(run(), 1) << report_;
   EXPECT_TRUE(has(target("the switch at 1 KiB"), "**NO VERDICT**"));
   EXPECT_TRUE(has(report_, "no undisturbed run of macswap at 1024 B")) << report_;
+}
+
+// A host kind not run, or run without results, still has a line for each of its targets.
+TEST_F(BenchReport, EveryTargetHasALineWhenAHostKindIsMissing) {
+  lines("allreduce-udp.jsonl", {row(4096, 30, 1000, 40), row(kMiB, 100, 110, 100)});
+  ASSERT_EQ(run(), 0) << stderr_ << report_;
+  EXPECT_TRUE(has(target("kernel-bypass hosts: algbw >= 2.0x Gloo"),
+                  "**NOT MEASURED**: kernel-bypass hosts: algbw >= 2.0x Gloo ring's and >= 1.5x "
+                  "MPI's at 1, 4 and 16 MiB: dpdk hosts not run (--hosts; dpdk hosts run on one "
+                  "leaf only)"))
+      << report_;
+  EXPECT_TRUE(has(target("hosts without DPDK"), "**MET**")) << report_;
+
+  // A dpdk run that wrote nothing, and no host kind without DPDK.
+  fs::remove(dir_ + "/allreduce-udp.jsonl");
+  write("allreduce-dpdk.jsonl", "");
+  EXPECT_EQ(run(), 1) << report_;
+  EXPECT_TRUE(has(report_, "allreduce-dpdk.jsonl has no results")) << report_;
+  EXPECT_TRUE(has(target("kernel-bypass hosts: algbw"),
+                  "**NOT MEASURED**: kernel-bypass hosts: algbw >= 2.0x Gloo ring's and >= 1.5x "
+                  "MPI's at 1, 4 and 16 MiB: dpdk hosts gave no results (see the failures)"))
+      << report_;
+  EXPECT_TRUE(has(target("hosts without DPDK"),
+                  "**NOT MEASURED**: hosts without DPDK (AF_XDP or kernel UDP, the faster): "
+                  "algbw >= 1.0x Gloo ring's at 1-16 MiB: udp hosts and af_xdp hosts not run "
+                  "(--hosts)"))
+      << report_;
+  EXPECT_TRUE(has(target("kernel-bypass hosts (libtreeduce's DPDK transport on memif), sizes <= "
+                         "4 KiB"),
+                  "**NOT MEASURED**"))
+      << report_;
+  EXPECT_TRUE(has(target("kernel-bypass hosts (libtreeduce's DPDK transport on memif), sizes <= "
+                         "4 KiB"),
+                  "dpdk hosts gave no results"))
+      << report_;
 }
 
 TEST_F(BenchReport, WrongElementsOrAMissingHalfFailTheReport) {
