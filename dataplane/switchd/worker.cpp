@@ -497,7 +497,11 @@ void Switch::Impl::emit(Worker& w, const dp::TxFrame* f, std::size_t n, const Ne
 /// core reuses slot memory after this call), each child gets its own 74-byte header chained to
 /// an indirect mbuf attached to it; the last child's header is chained to the payload mbuf
 /// itself. The header and indirect mbufs come in two bulk allocations (one mempool cache access
-/// each, not 2n): all or none.
+/// each, not 2n): all or none. The payload's reference count is written with plain stores while
+/// the payload is still this lcore's alone: every frame is built first, its count set once to
+/// the frames that hold it, and only then are they sent (a send may flush a TX buffer, and a
+/// PMD free what it sent). rte_pktmbuf_attach's increment is a plain store when the count is 1
+/// (a locked add otherwise, which waits for the payload's copy to drain).
 void Switch::Impl::emit_multicast(Worker& w, const dp::TxFrame* f, std::size_t n,
                                   const NeighborTable* nt) {
   rte_mbuf* hs[proto::kMaxChildren];
@@ -517,33 +521,51 @@ void Switch::Impl::emit_multicast(Worker& w, const dp::TxFrame* f, std::size_t n
   }
   std::memcpy(rte_pktmbuf_append(pay, static_cast<std::uint16_t>(f[0].payload_len)), f[0].payload,
               f[0].payload_len);
+  rte_mbuf* out[proto::kMaxChildren];
+  std::size_t nout = 0;
+  std::uint16_t holders = 0;  // frames in `out` whose chain holds `pay`
   for (std::size_t k = 0; k < n; ++k) {
     rte_mbuf* h = hs[k];
-    // The last child takes `pay` itself, with our reference; the others an indirect mbuf.
+    // The last child takes `pay` itself, the others an indirect mbuf attached to it.
     const bool last = k == n - 1;
     rte_mbuf* c = last ? pay : cs[k];
     std::memcpy(rte_pktmbuf_append(h, proto::kFrameHeaderBytes), f[k].hdr,
                 proto::kFrameHeaderBytes);
     if (route(w, h, f[k].hop, nt) == nullptr) {
-      rte_pktmbuf_free(c);
+      if (!last) rte_pktmbuf_free(c);  // not attached: a plain mbuf back to its pool
       continue;
     }
     if (!ports[port_index[h->port]].chain) {
       // This child's port takes only single-segment frames.
       rte_pktmbuf_free(h);
       copy_frame(w, f[k], nt);
-      rte_pktmbuf_free(c);
+      if (!last) rte_pktmbuf_free(c);
       continue;
     }
-    if (!last) rte_pktmbuf_attach(c, pay);
+    if (!last) {
+      rte_mbuf_refcnt_set(pay, 1);  // so that the attach raises it with a plain store
+      rte_pktmbuf_attach(c, pay);
+    }
+    // Two segments never exceed the chain limit; a failure would leave c unchained and ours.
     if (rte_pktmbuf_chain(h, c) != 0) {
-      rte_pktmbuf_free(c);
       rte_pktmbuf_free(h);
+      if (!last) {
+        rte_mbuf_refcnt_set(pay, 2);  // c's reference, which its free drops
+        rte_pktmbuf_free(c);
+      }
       w.count(SwitchdCounter::tx_no_mbuf);
       continue;
     }
-    send(w, h);
+    ++holders;
+    out[nout++] = h;
   }
+  if (holders == 0) {
+    rte_mbuf_refcnt_set(pay, 1);
+    rte_pktmbuf_free(pay);
+  } else {
+    rte_mbuf_refcnt_set(pay, holders);
+  }
+  for (std::size_t i = 0; i < nout; ++i) send(w, out[i]);
 }
 
 }  // namespace treeduce::switchd
