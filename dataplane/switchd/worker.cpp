@@ -477,12 +477,14 @@ void Switch::Impl::copy_frame(Worker& w, const dp::TxFrame& t, const NeighborTab
 }
 
 /// The core's output: runs of frames that share one payload are a multicast, the rest unicast.
+/// A run is at most kMaxChildren frames, what emit_multicast holds: a RESULT to 64 children and
+/// the re-sent copies of it that duplicates in the same burst asked for share one payload too.
 void Switch::Impl::emit(Worker& w, const dp::TxFrame* f, std::size_t n, const NeighborTable* nt) {
   std::size_t i = 0;
   while (i < n) {
     std::size_t j = i + 1;
     if (f[i].payload_len != 0) {
-      while (j < n && f[j].payload == f[i].payload) ++j;
+      while (j < n && j - i < proto::kMaxChildren && f[j].payload == f[i].payload) ++j;
     }
     if (j - i == 1) {
       copy_frame(w, f[i], nt);

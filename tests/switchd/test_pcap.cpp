@@ -1471,4 +1471,56 @@ TEST(SwitchdPcap, ResentPartialAndResultInOneBurst) {
                {{"partial_sent", 1}, {"partial_resent", 1}, {"result_multicast", 1}});
 }
 
+// wide.yaml: a root of 64 children, the ports 50000-50063 of host 0.
+constexpr std::uint64_t kWideKey = 0x5749444557494445ull;
+dp::Endpoint wide_child(unsigned i) {
+  return endpoint({0x02, 0, 0, 0, 0x01, 0}, ipv4(10, 1, 0, 10),
+                  static_cast<std::uint16_t>(50000 + i));
+}
+
+/// One RX burst completes a chunk of 64 children and then brings 31 copies of a child's
+/// CONTRIB, each answered with the RESULT again: 95 frames of one core call share one payload.
+/// The daemon sends them as multicasts of at most 64 frames (a longer one overran its arrays).
+TEST(SwitchdPcap, WideMulticastAndResendsInOneBurst) {
+  dp::TreeConfig t;
+  t.tree_id = 50;
+  t.key = kWideKey;
+  t.role = dp::Role::root;
+  for (unsigned i = 0; i < proto::kMaxChildren; ++i) t.children.push_back(child(wide_child(i)));
+  t.slots = 2;
+  t.payload_bytes = 256;
+  const auto vals = [](unsigned k) { return ramp(64, 1, static_cast<float>(k)); };
+  Input in;
+  const auto contrib = [&](unsigned k) {
+    in.add(to_switch(wide_child(k),
+                     td(t, dp::Opcode::contrib, static_cast<std::uint16_t>(k), 0, 64),
+                     elems_f32(vals(k))));
+  };
+  for (unsigned k = 0; k < 31; ++k) contrib(k);
+  in.next_burst();
+  for (unsigned k = 31; k < 63; ++k) contrib(k);
+  in.next_burst();
+  contrib(63);  // completes the chunk: the RESULT to all 64
+  for (unsigned i = 0; i < 31; ++i) contrib(0);
+  ASSERT_EQ(in.frames.size() % kBurst, 0u);
+
+  std::vector<float> sum(64, 0.0f);
+  for (unsigned k = 0; k < proto::kMaxChildren; ++k) {
+    const std::vector<float> v = vals(k);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+  }
+  const Semantics semantics = [&](const std::vector<Frame>& out) {
+    ASSERT_EQ(out.size(), 95u);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const auto k = static_cast<std::uint16_t>(i < 64 ? i : 0);
+      const std::string what =
+          "frame " + std::to_string(i) + ", RESULT to child " + std::to_string(k);
+      expect_from_switch(out[i], wide_child(k), what);
+      expect_td(out[i], t, Want{dp::Opcode::result, 0, k, 64, elems_f32(sum)}, what);
+    }
+  };
+  run_scenario("wide", "wide.yaml", {t}, in, semantics, {},
+               {{"contrib_accepted", 64}, {"result_multicast", 1}, {"result_unicast", 31}});
+}
+
 }  // namespace
