@@ -4,7 +4,7 @@
 # Gloo, 16 MiB allreduce through the backend vs libtreeduce directly), then treeduce-perf's own
 # 16 MiB float32 allreduce on the same lab. Needs root and a build with the Python extension.
 # Usage: sudo bench/torch_bench.sh [BUILD_DIR [MTU]]
-#   MTU 1500 (default): 1024-byte payloads, 16 slots (libtreeduce's defaults);
+#   MTU 1500 (default): 1024-byte payloads, 64 slots (libtreeduce's defaults);
 #   MTU 8300: jumbo frames, 8192-byte payloads and 64 slots, as scripts/main.sh runs the fabric.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)

@@ -74,7 +74,7 @@ TEST(Tree, EachRuleNamesItsFieldAndSaysWhy) {
   }
 }
 
-// libtreeduce's window when none is asked: 64 KiB of payload in flight, 16 to 64 slots, every
+// libtreeduce's window when none is asked: 64 KiB of payload in flight, 32 to 64 slots, every
 // result one a switch takes.
 TEST(Tree, DefaultWindowHoldsSixtyFourKiBOfPayload) {
   EXPECT_EQ(default_window(256), 64u);

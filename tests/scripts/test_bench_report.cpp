@@ -265,6 +265,24 @@ TEST_F(BenchReport, EveryTargetHasALineWhenAHostKindIsMissing) {
                   "leaf only)"))
       << report_;
   EXPECT_TRUE(has(target("hosts without DPDK"), "**MET**")) << report_;
+  for (const char* goal : {"1.0x MPI's", "0.5x Gloo ring's"}) {
+    for (const char* kind : {"kernel-bypass hosts (libtreeduce's DPDK transport on memif)",
+                             "AF_XDP hosts (libtreeduce's AF_XDP transport on veth, af_packet at "
+                             "the switch)"}) {
+      EXPECT_TRUE(
+          has(target(std::string(kind) + ", sizes <= 4 KiB: time <= " + goal), "**NOT MEASURED**"))
+          << kind << " " << goal << "\n"
+          << report_;
+    }
+  }
+  EXPECT_TRUE(has(target("kernel-bypass hosts (libtreeduce's DPDK transport on memif), back to "
+                         "back"),
+                  "dpdk hosts not run (--hosts; dpdk hosts run on one leaf only)"))
+      << report_;
+  EXPECT_TRUE(has(target("kernel UDP hosts (sockets on veth, af_packet at the switch), back to "
+                         "back"),
+                  "not run (--no-back-to-back)"))
+      << report_;
 
   // A dpdk run that wrote nothing, and no host kind without DPDK.
   fs::remove(dir_ + "/allreduce-udp.jsonl");
@@ -277,8 +295,8 @@ TEST_F(BenchReport, EveryTargetHasALineWhenAHostKindIsMissing) {
       << report_;
   EXPECT_TRUE(has(target("hosts without DPDK"),
                   "**NOT MEASURED**: hosts without DPDK (AF_XDP or kernel UDP, the faster): "
-                  "algbw >= 1.0x Gloo ring's at 1-16 MiB: udp hosts and af_xdp hosts not run "
-                  "(--hosts)"))
+                  "algbw >= 1.0x Gloo ring's at 1-16 MiB: udp hosts not run (--hosts); af_xdp "
+                  "hosts not run (--hosts)"))
       << report_;
   EXPECT_TRUE(has(target("kernel-bypass hosts (libtreeduce's DPDK transport on memif), sizes <= "
                          "4 KiB"),
@@ -311,6 +329,10 @@ TEST_F(BenchReport, AnOlderReportDirectory) {
   EXPECT_TRUE(has(target("hosts as run, f32 sum, sizes <= 4 KiB: time <= 0.5x Gloo"), "**MET**"))
       << report_;
   EXPECT_TRUE(fs::exists(dir_ + "/allreduce_f32_sum.png"));
+  // Its targets per host kind say why they have no figures.
+  EXPECT_TRUE(has(target("kernel-bypass hosts: algbw"),
+                  "dpdk hosts: this report's results predate the host kinds"))
+      << report_;
 }
 
 }  // namespace
