@@ -523,9 +523,8 @@ void Switch::Impl::emit_multicast(Worker& w, const dp::TxFrame* f, std::size_t n
   }
   std::memcpy(rte_pktmbuf_append(pay, static_cast<std::uint16_t>(f[0].payload_len)), f[0].payload,
               f[0].payload_len);
-  rte_mbuf* out[proto::kMaxChildren];
-  std::size_t nout = 0;
-  std::uint16_t holders = 0;  // frames in `out` whose chain holds `pay`
+  rte_mbuf* out[proto::kMaxChildren];  // built frames: each holds one reference to `pay`
+  std::uint16_t nout = 0;
   for (std::size_t k = 0; k < n; ++k) {
     rte_mbuf* h = hs[k];
     // The last child takes `pay` itself, the others an indirect mbuf attached to it.
@@ -551,23 +550,19 @@ void Switch::Impl::emit_multicast(Worker& w, const dp::TxFrame* f, std::size_t n
     // Two segments never exceed the chain limit; a failure would leave c unchained and ours.
     if (rte_pktmbuf_chain(h, c) != 0) {
       rte_pktmbuf_free(h);
-      if (!last) {
-        rte_mbuf_refcnt_set(pay, 2);  // c's reference, which its free drops
-        rte_pktmbuf_free(c);
-      }
+      if (!last) rte_pktmbuf_free(c);  // the attach left the count at 2, this takes it to 1
       w.count(SwitchdCounter::tx_no_mbuf);
       continue;
     }
-    ++holders;
     out[nout++] = h;
   }
-  if (holders == 0) {
+  if (nout == 0) {
     rte_mbuf_refcnt_set(pay, 1);
     rte_pktmbuf_free(pay);
   } else {
-    rte_mbuf_refcnt_set(pay, holders);
+    rte_mbuf_refcnt_set(pay, nout);
   }
-  for (std::size_t i = 0; i < nout; ++i) send(w, out[i]);
+  for (std::uint16_t i = 0; i < nout; ++i) send(w, out[i]);
 }
 
 }  // namespace treeduce::switchd
